@@ -1,0 +1,54 @@
+//! # subetha-core
+//!
+//! A low-overhead observation pipeline for concurrency primitives.
+//! Instrumented code pushes one 24-byte [`Observation`] per operation into
+//! a thread-local [`ObservationRing`] that lives in a shared-memory
+//! [segment](segment); a consumer — the in-process [`Sidecar`] or the
+//! out-of-process agent — drains every ring into per-instance
+//! [`InstanceStats`]. Pushing never blocks: a full ring drops the
+//! observation and counts the drop, and the edges of each run of drops call
+//! stable uprobe attach points ([`hooks`]).
+//!
+//! ```
+//! use subetha_core::{Instance, InstanceKind, Observation};
+//!
+//! let queue = Instance::register(InstanceKind::CUSTOM, "jobs").unwrap();
+//! // op 1, had to wait, waited 1200 ticks:
+//! queue.observe(1, Observation::FLAG_CONTENDED, 1200).unwrap();
+//! ```
+//!
+//! Module map: [`observation`] (the record, [`thread_id`]), [`ring`] (the
+//! SPSC ring), [`clock`] (ticks and calibration), [`segment`] (shared-memory
+//! layout and validation), [`registry`] (instances, per-thread rings, fork
+//! safety), [`stats`] (histograms, per-instance statistics), [`drain`] (the
+//! consumer's scan), [`lease`] (who may consume), [`sidecar`] (the in-process
+//! consumer thread and policies), [`hooks`] (uprobe attach points).
+
+pub mod clock;
+pub mod hooks;
+pub mod observation;
+pub mod ring;
+mod sync;
+
+#[cfg(not(loom))]
+pub mod drain;
+#[cfg(not(loom))]
+pub mod lease;
+#[cfg(not(loom))]
+pub mod registry;
+#[cfg(not(loom))]
+pub mod segment;
+#[cfg(not(loom))]
+pub mod sidecar;
+pub mod stats;
+
+pub use observation::{Observation, thread_id};
+pub use ring::ObservationRing;
+#[cfg(not(loom))]
+pub use {
+    drain::{Drainer, DropEpisode, InstanceMeta, InstanceRecord, RingRecord, ScanReport},
+    registry::{Instance, InstanceKind, RegistryError, process_segment},
+    segment::{Segment, SegmentConfig, SegmentError, SegmentView},
+    sidecar::{Policy, Sidecar, SidecarConfig, SidecarMode, Snapshot, process_sidecar, set_sidecar_mode},
+    stats::{InstanceStats, LatencyHistogram},
+};

@@ -1,0 +1,602 @@
+//! [`ObservationRing`]: the lossy single-producer single-consumer ring each
+//! instrumented thread pushes into.
+//!
+//! # Contract
+//!
+//! * One producer and one consumer at any instant. The producer is the thread
+//!   that owns the ring (see [`crate::registry`]); the consumer is whoever
+//!   holds the segment's consumer role (the in-process sidecar or an agent).
+//!   Callers serialise each side; the two sides run concurrently.
+//! * [`push`](ObservationRing::push) never blocks. When the ring is full the
+//!   observation is dropped and `false` is returned: sampling, not
+//!   coordination. Every drop is counted in a producer-owned counter, and
+//!   consecutive drops form an *episode* whose edges call the probe hooks
+//!   [`subetha_drop_begin`](crate::hooks::subetha_drop_begin) and
+//!   [`subetha_drop_end`](crate::hooks::subetha_drop_end) once each.
+//! * `head` and `tail` are free-running `u32` counters; a slot index is the
+//!   counter masked by `CAPACITY - 1`. `tail - head` (wrapping) is the fill
+//!   level, and can never exceed `CAPACITY` unless the memory was corrupted,
+//!   which the consumer detects ([`RingCorrupt`]) instead of trusting.
+//! * The all-zero bit pattern is a valid empty ring, so a ring can live in
+//!   freshly mapped shared memory without a constructor running.
+//!
+//! # Memory ordering
+//!
+//! The producer writes a slot, then publishes it with a `Release` store of
+//! `tail`; the consumer's `Acquire` load of `tail` therefore sees the slot's
+//! contents. Symmetrically the consumer copies a slot out, then frees it with
+//! a `Release` store of `head`; the producer's `Acquire` load of `head`
+//! guarantees the copy finished before the slot is overwritten.
+//!
+//! The producer keeps a private copy of `head` (`cached_head`) and reloads
+//! the shared one only when the cached value says the ring is full. A cached
+//! value was obtained by an `Acquire` load, so every slot it reports free was
+//! already released by the consumer; it can only under-estimate free space.
+//! This saves the cross-core cache miss on `head` for 4095 of 4096 pushes.
+//!
+//! # Layout
+//!
+//! `head` is alone on cache line 0 with room for consumer-owned extras;
+//! `tail` starts cache line 1 followed by the producer-owned extras (cached
+//! head, drop counter, episode state), and the 4096 slots start at byte 128:
+//! each side writes only its own line, so they never false-share.
+
+use crate::clock;
+use crate::hooks;
+use crate::observation::{Observation, thread_id};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
+
+/// Slots per ring. The spec fixes 4096; loom models use a tiny ring so they
+/// can explore the full and wrapped states.
+#[cfg(not(loom))]
+const CAPACITY: usize = 4096;
+#[cfg(loom)]
+const CAPACITY: usize = 4;
+
+const INDEX_MASK: u32 = (CAPACITY as u32) - 1;
+const _: () = assert!(CAPACITY.is_power_of_two() && CAPACITY <= 1 << 31);
+
+/// A fixed-capacity, lossy, single-producer single-consumer ring of
+/// [`Observation`]s. See the [module docs](self) for the contract.
+#[repr(C, align(64))]
+pub struct ObservationRing {
+    // Cache line 0: written by the consumer only.
+    head: AtomicU32,
+    _pad0: [u8; 60],
+    // Cache line 1: written by the producer only.
+    tail: AtomicU32,
+    cached_head: AtomicU32,
+    dropped: AtomicU64,
+    episode_begin_ticks: AtomicU64,
+    episode_end_ticks: AtomicU64,
+    episode_begin_dropped: AtomicU64,
+    episodes: AtomicU32,
+    in_episode: AtomicU32,
+    episode_first_instance: AtomicU32,
+    _pad1: [u8; 12],
+    buf: [UnsafeCell<Observation>; CAPACITY],
+}
+
+// SAFETY: every slot is accessed by one side at a time: the producer writes
+// only slots in `[tail, head + CAPACITY)` and the consumer reads only slots in
+// `[head, tail)`, with the Release/Acquire pairs on `head` and `tail`
+// (module docs) ordering the hand-over of each slot. Everything else is
+// atomic.
+unsafe impl Sync for ObservationRing {}
+// SAFETY: the ring owns plain-old-data only; moving it between threads is
+// fine.
+unsafe impl Send for ObservationRing {}
+
+/// The consumer found `tail - head` larger than the capacity: the ring's
+/// memory was corrupted (or written by a hostile process). Nothing was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("ring corrupt: head {head} and tail {tail} are more than {} apart", ObservationRing::CAPACITY)]
+pub struct RingCorrupt {
+    /// The consumer index that was read.
+    pub head: u32,
+    /// The producer index that was read.
+    pub tail: u32,
+}
+
+/// The producer-owned counters of a ring, as read by the consumer. Values are
+/// individually atomic but not a consistent snapshot while the producer runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProducerCounters {
+    /// Free-running count of successful pushes (mod 2^32).
+    pub tail: u32,
+    /// Total observations dropped because the ring was full.
+    pub dropped: u64,
+    /// Drop episodes begun (a run of drops between successful pushes).
+    pub episodes: u32,
+    /// Whether the latest episode is still going (no successful push since).
+    pub in_episode: bool,
+    /// Clock ticks ([`crate::clock::ticks`]) when the latest episode began.
+    pub episode_begin_ticks: u64,
+    /// Clock ticks when the latest finished episode ended.
+    pub episode_end_ticks: u64,
+    /// `dropped` just before the latest episode began.
+    pub episode_begin_dropped: u64,
+    /// Instance whose observation was the first dropped in the latest episode.
+    pub episode_first_instance: u32,
+}
+
+impl ObservationRing {
+    /// Number of slots (4096).
+    pub const CAPACITY: usize = CAPACITY;
+
+    /// An empty ring. All-zero, so it is `const` and valid in zeroed memory.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        const EMPTY: UnsafeCell<Observation> = UnsafeCell::new(Observation::ZERO);
+        Self {
+            head: AtomicU32::new(0),
+            _pad0: [0; 60],
+            tail: AtomicU32::new(0),
+            cached_head: AtomicU32::new(0),
+            dropped: AtomicU64::new(0),
+            episode_begin_ticks: AtomicU64::new(0),
+            episode_end_ticks: AtomicU64::new(0),
+            episode_begin_dropped: AtomicU64::new(0),
+            episodes: AtomicU32::new(0),
+            in_episode: AtomicU32::new(0),
+            episode_first_instance: AtomicU32::new(0),
+            _pad1: [0; 12],
+            buf: [EMPTY; CAPACITY],
+        }
+    }
+
+    /// An empty ring (loom build: loom's atomics are not `const`).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Self {
+            head: AtomicU32::new(0),
+            _pad0: [0; 60],
+            tail: AtomicU32::new(0),
+            cached_head: AtomicU32::new(0),
+            dropped: AtomicU64::new(0),
+            episode_begin_ticks: AtomicU64::new(0),
+            episode_end_ticks: AtomicU64::new(0),
+            episode_begin_dropped: AtomicU64::new(0),
+            episodes: AtomicU32::new(0),
+            in_episode: AtomicU32::new(0),
+            episode_first_instance: AtomicU32::new(0),
+            _pad1: [0; 12],
+            buf: std::array::from_fn(|_| UnsafeCell::new(Observation::ZERO)),
+        }
+    }
+
+    /// Producer: appends `obs`, stamping `producer_thread_id` with
+    /// [`thread_id()`] when it is 0. Returns `false` (and counts the drop)
+    /// when the ring is full. Never blocks.
+    ///
+    /// Only one thread may push at a time.
+    #[inline]
+    pub fn push(&self, mut obs: Observation) -> bool {
+        if obs.producer_thread_id == 0 {
+            obs.producer_thread_id = thread_id();
+        }
+        self.push_stamped(obs)
+    }
+
+    /// [`push`](Self::push) for callers that already stamped the thread id.
+    #[inline]
+    pub(crate) fn push_stamped(&self, obs: Observation) -> bool {
+        // Relaxed: the producer is the only writer of `tail`.
+        let tail = self.tail.load(Ordering::Relaxed);
+        if tail.wrapping_sub(self.cached_head.load(Ordering::Relaxed)) >= CAPACITY as u32 {
+            // Acquire: pairs with the consumer's Release of `head`, so its
+            // copies out of the slots we are about to reuse are complete.
+            let head = self.head.load(Ordering::Acquire);
+            self.cached_head.store(head, Ordering::Relaxed);
+            if tail.wrapping_sub(head) >= CAPACITY as u32 {
+                self.record_drop(obs.instance_id);
+                return false;
+            }
+        }
+        if self.in_episode.load(Ordering::Relaxed) != 0 {
+            self.end_episode();
+        }
+        self.buf[(tail & INDEX_MASK) as usize].with_mut(|slot| {
+            // SAFETY: `tail - head < CAPACITY`, so slot `tail` is outside the
+            // consumer's readable range `[head, tail)` and, by the Acquire
+            // above (now or when `cached_head` was loaded), the consumer has
+            // finished reading it. Only this producer writes slots.
+            unsafe { slot.write(obs) }
+        });
+        // Release: publishes the slot written above to the consumer.
+        self.tail.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Counts one drop and opens an episode if none is open. Producer only.
+    #[cold]
+    #[inline(never)]
+    fn record_drop(&self, instance_id: u32) {
+        // A plain load + store, not a read-modify-write: the producer is the
+        // only writer, and this keeps LOCK-prefixed instructions off the path.
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        self.dropped.store(dropped + 1, Ordering::Relaxed);
+        if self.in_episode.load(Ordering::Relaxed) == 0 {
+            self.episode_begin_ticks
+                .store(clock::ticks(), Ordering::Relaxed);
+            self.episode_begin_dropped.store(dropped, Ordering::Relaxed);
+            self.episode_first_instance
+                .store(instance_id, Ordering::Relaxed);
+            self.in_episode.store(1, Ordering::Relaxed);
+            let episodes = self.episodes.load(Ordering::Relaxed).wrapping_add(1);
+            // Release: a consumer that sees the new count sees the fields above.
+            self.episodes.store(episodes, Ordering::Release);
+            hooks::subetha_drop_begin(self as *const Self as usize, instance_id, dropped + 1);
+        }
+    }
+
+    /// Closes the open drop episode. Producer only.
+    #[cold]
+    #[inline(never)]
+    fn end_episode(&self) {
+        self.episode_end_ticks.store(clock::ticks(), Ordering::Relaxed);
+        // Release: a consumer that sees the episode closed sees its end time.
+        self.in_episode.store(0, Ordering::Release);
+        let in_episode = self.dropped.load(Ordering::Relaxed)
+            - self.episode_begin_dropped.load(Ordering::Relaxed);
+        hooks::subetha_drop_end(self as *const Self as usize, in_episode);
+    }
+
+    /// Producer: closes an open drop episode without a successful push, e.g.
+    /// when the owning thread exits in the middle of one.
+    pub fn close_episode(&self) {
+        if self.in_episode.load(Ordering::Relaxed) != 0 {
+            self.end_episode();
+        }
+    }
+
+    /// Consumer: removes the oldest observation, or `None` if the ring is
+    /// empty (or corrupt: see [`try_pop_batch`](Self::try_pop_batch)).
+    ///
+    /// Only one thread may pop at a time.
+    #[inline]
+    pub fn pop(&self) -> Option<Observation> {
+        let mut one = [Observation::ZERO];
+        match self.try_pop_batch(&mut one) {
+            Ok(1) => Some(one[0]),
+            _ => None,
+        }
+    }
+
+    /// Consumer: copies up to `out.len()` of the oldest observations into
+    /// `out` and frees their slots with one `head` update. Returns how many
+    /// were copied; 0 when empty or corrupt.
+    #[inline]
+    pub fn pop_batch(&self, out: &mut [Observation]) -> usize {
+        self.try_pop_batch(out).unwrap_or(0)
+    }
+
+    /// Consumer: [`pop_batch`](Self::pop_batch) that reports a corrupt ring
+    /// (`tail - head > CAPACITY`) instead of treating it as empty. It reads
+    /// `tail` once, copies the batch out, and publishes `head` once.
+    #[inline]
+    pub fn try_pop_batch(&self, out: &mut [Observation]) -> Result<usize, RingCorrupt> {
+        // Relaxed: the consumer is the only writer of `head`.
+        let head = self.head.load(Ordering::Relaxed);
+        // Acquire: pairs with the producer's Release of `tail`, so the slots
+        // in `[head, tail)` hold the observations it wrote.
+        let tail = self.tail.load(Ordering::Acquire);
+        let available = tail.wrapping_sub(head);
+        if available > CAPACITY as u32 {
+            return Err(RingCorrupt { head, tail });
+        }
+        let count = out.len().min(available as usize);
+        for (offset, dest) in out[..count].iter_mut().enumerate() {
+            let index = (head.wrapping_add(offset as u32) & INDEX_MASK) as usize;
+            *dest = self.buf[index].with(|slot| {
+                // SAFETY: `index` is in `[head, tail)`, published by the
+                // producer's Release of `tail` (Acquired above), and the
+                // producer does not write it again until we release `head`
+                // past it below.
+                unsafe { slot.read() }
+            });
+        }
+        if count > 0 {
+            // Release: the copies above finish before the producer may reuse
+            // the slots.
+            self.head
+                .store(head.wrapping_add(count as u32), Ordering::Release);
+        }
+        Ok(count)
+    }
+
+    /// Observations waiting to be popped, as seen now (clamped to capacity).
+    pub fn len(&self) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Acquire);
+        (tail.wrapping_sub(head) as usize).min(CAPACITY)
+    }
+
+    /// Whether no observation is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Total observations dropped because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    /// The consumer index: free-running count of popped observations (mod 2^32).
+    pub fn head(&self) -> u32 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// The producer-owned counters (drops and drop episodes).
+    pub fn producer_counters(&self) -> ProducerCounters {
+        // Acquire on the episode words pairs with their Release stores.
+        let episodes = self.episodes.load(Ordering::Acquire);
+        let in_episode = self.in_episode.load(Ordering::Acquire) != 0;
+        ProducerCounters {
+            tail: self.tail.load(Ordering::Acquire),
+            dropped: self.dropped.load(Ordering::Acquire),
+            episodes,
+            in_episode,
+            episode_begin_ticks: self.episode_begin_ticks.load(Ordering::Relaxed),
+            episode_end_ticks: self.episode_end_ticks.load(Ordering::Relaxed),
+            episode_begin_dropped: self.episode_begin_dropped.load(Ordering::Relaxed),
+            episode_first_instance: self.episode_first_instance.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Default for ObservationRing {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ObservationRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObservationRing")
+            .field("head", &self.head.load(Ordering::Relaxed))
+            .field("tail", &self.tail.load(Ordering::Relaxed))
+            .field("dropped", &self.dropped.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+    use std::sync::Arc;
+
+    #[test]
+    fn layout_matches_the_spec() {
+        assert_eq!(align_of::<ObservationRing>(), 64);
+        assert_eq!(size_of::<ObservationRing>(), 128 + 4096 * 24);
+        assert_eq!(offset_of!(ObservationRing, head), 0);
+        assert_eq!(offset_of!(ObservationRing, tail), 64);
+        assert_eq!(offset_of!(ObservationRing, buf), 128);
+        // Producer extras stay on the producer's line.
+        for offset in [
+            offset_of!(ObservationRing, cached_head),
+            offset_of!(ObservationRing, dropped),
+            offset_of!(ObservationRing, episode_begin_ticks),
+            offset_of!(ObservationRing, episode_end_ticks),
+            offset_of!(ObservationRing, episode_begin_dropped),
+            offset_of!(ObservationRing, episodes),
+            offset_of!(ObservationRing, in_episode),
+            offset_of!(ObservationRing, episode_first_instance),
+        ] {
+            assert!((64..128).contains(&offset), "offset {offset}");
+        }
+    }
+
+    #[test]
+    fn zeroed_memory_is_an_empty_ring() {
+        let ring: Box<ObservationRing> = Box::new(ObservationRing::new());
+        // SAFETY: reading the ring's bytes; it contains no padding holes
+        // (all fields are integers/atomics/arrays laid out back to back).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&*ring as *const ObservationRing).cast::<u8>(),
+                size_of::<ObservationRing>(),
+            )
+        };
+        assert!(bytes.iter().all(|&b| b == 0));
+        assert!(ring.is_empty());
+    }
+
+    #[test]
+    fn batch_pop_preserves_order_across_wrap() {
+        let ring = Box::new(ObservationRing::new());
+        let mut out = vec![Observation::ZERO; 1000];
+        let mut next_push = 0u32;
+        let mut next_pop = 0u32;
+        for _ in 0..20 {
+            for _ in 0..1000 {
+                assert!(ring.push(Observation::new(next_push, 1, 0, 0)));
+                next_push += 1;
+            }
+            let n = ring.pop_batch(&mut out);
+            assert_eq!(n, 1000);
+            for obs in &out[..n] {
+                assert_eq!(obs.instance_id, next_pop);
+                next_pop += 1;
+            }
+        }
+        assert!(ring.is_empty());
+        assert_eq!(ring.dropped(), 0);
+    }
+
+    #[test]
+    fn drop_episodes_count_runs_not_drops() {
+        let ring = Box::new(ObservationRing::new());
+        for _ in 0..ObservationRing::CAPACITY {
+            assert!(ring.push(Observation::new(1, 1, 0, 0)));
+        }
+        for _ in 0..10 {
+            assert!(!ring.push(Observation::new(2, 1, 0, 0)));
+        }
+        let during = ring.producer_counters();
+        assert_eq!((during.dropped, during.episodes, during.in_episode), (10, 1, true));
+        assert_eq!(during.episode_first_instance, 2);
+        assert_eq!(during.episode_begin_dropped, 0);
+        assert!(ring.pop().is_some());
+        assert!(ring.push(Observation::new(3, 1, 0, 0)));
+        let after = ring.producer_counters();
+        assert_eq!((after.dropped, after.episodes, after.in_episode), (10, 1, false));
+        assert!(after.episode_end_ticks >= after.episode_begin_ticks);
+        // A second run of drops is a second episode.
+        assert!(!ring.push(Observation::new(4, 1, 0, 0)));
+        let again = ring.producer_counters();
+        assert_eq!((again.dropped, again.episodes, again.episode_begin_dropped), (11, 2, 10));
+    }
+
+    #[test]
+    fn corrupt_indices_are_reported_not_trusted() {
+        let ring = Box::new(ObservationRing::new());
+        ring.tail.store(5000, Ordering::Relaxed);
+        let mut out = [Observation::ZERO; 8];
+        assert_eq!(
+            ring.try_pop_batch(&mut out),
+            Err(RingCorrupt { head: 0, tail: 5000 })
+        );
+        assert_eq!(ring.pop(), None);
+        assert_eq!(ring.head(), 0, "nothing consumed from a corrupt ring");
+    }
+
+    #[test]
+    fn indices_wrap_around_u32() {
+        let ring = Box::new(ObservationRing::new());
+        let start = u32::MAX - 10;
+        ring.head.store(start, Ordering::Relaxed);
+        ring.tail.store(start, Ordering::Relaxed);
+        ring.cached_head.store(start, Ordering::Relaxed);
+        for i in 0..100 {
+            assert!(ring.push(Observation::new(i, 1, 0, 0)));
+        }
+        let mut out = [Observation::ZERO; 128];
+        assert_eq!(ring.pop_batch(&mut out), 100);
+        assert!(out[..100].iter().enumerate().all(|(i, o)| o.instance_id == i as u32));
+    }
+
+    /// Two real threads: every pushed observation is popped exactly once and
+    /// in order, and attempts = popped + dropped.
+    #[test]
+    fn two_thread_stress_conserves_every_observation() {
+        const ATTEMPTS: u32 = 2_000_000;
+        let ring = Arc::new(ObservationRing::new());
+        let producer = {
+            let ring = Arc::clone(&ring);
+            std::thread::spawn(move || {
+                let mut pushed = 0u64;
+                for seq in 0..ATTEMPTS {
+                    if ring.push(Observation::new(seq, 1, 0, u64::from(seq) * 3)) {
+                        pushed += 1;
+                    }
+                }
+                pushed
+            })
+        };
+        let mut popped = 0u64;
+        let mut last_seq: Option<u32> = None;
+        let mut out = vec![Observation::ZERO; 97];
+        let mut use_batch = false;
+        loop {
+            let done = producer.is_finished();
+            use_batch = !use_batch;
+            let got = if use_batch {
+                ring.pop_batch(&mut out)
+            } else {
+                ring.pop().map(|o| { out[0] = o; 1 }).unwrap_or(0)
+            };
+            for obs in &out[..got] {
+                assert_eq!(obs.latency_ticks, u64::from(obs.instance_id) * 3);
+                if let Some(last) = last_seq {
+                    assert!(obs.instance_id > last, "out of order: {last} then {}", obs.instance_id);
+                }
+                last_seq = Some(obs.instance_id);
+            }
+            popped += got as u64;
+            if done && got == 0 && ring.is_empty() {
+                break;
+            }
+        }
+        let pushed = producer.join().unwrap();
+        assert_eq!(popped, pushed);
+        assert_eq!(pushed + ring.dropped(), u64::from(ATTEMPTS));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Model checks: `RUSTFLAGS="--cfg loom" cargo test -p subetha-core --lib loom`.
+    use super::*;
+    use loom::sync::Arc;
+
+    fn obs(seq: u32) -> Observation {
+        Observation {
+            instance_id: seq,
+            op_kind: 1,
+            flags: 0,
+            latency_ticks: u64::from(seq) + 100,
+            producer_thread_id: 1,
+            _reserved: 0,
+        }
+    }
+
+    /// Producer overruns the 4-slot ring while the consumer pops one at a
+    /// time: order, contents and conservation hold in every interleaving.
+    #[test]
+    fn push_pop_conserves_and_orders() {
+        loom::model(|| {
+            let ring = Arc::new(ObservationRing::new());
+            let producer = {
+                let ring = Arc::clone(&ring);
+                loom::thread::spawn(move || (0..6).filter(|&s| ring.push(obs(s))).count() as u64)
+            };
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                if let Some(o) = ring.pop() {
+                    seen.push(o);
+                }
+            }
+            let pushed = producer.join().unwrap();
+            while let Some(o) = ring.pop() {
+                seen.push(o);
+            }
+            assert_eq!(seen.len() as u64, pushed);
+            assert_eq!(pushed + ring.dropped(), 6);
+            assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
+            assert!(seen.iter().all(|o| o.latency_ticks == u64::from(o.instance_id) + 100));
+        });
+    }
+
+    /// Same with batch pops racing the producer's wrap-around.
+    #[test]
+    fn batch_pop_conserves_and_orders() {
+        loom::model(|| {
+            let ring = Arc::new(ObservationRing::new());
+            let producer = {
+                let ring = Arc::clone(&ring);
+                loom::thread::spawn(move || (0..7).filter(|&s| ring.push(obs(s))).count() as u64)
+            };
+            let mut seen = Vec::new();
+            let mut out = [Observation::ZERO; 3];
+            for _ in 0..2 {
+                let n = ring.pop_batch(&mut out);
+                seen.extend_from_slice(&out[..n]);
+            }
+            let pushed = producer.join().unwrap();
+            loop {
+                let n = ring.pop_batch(&mut out);
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&out[..n]);
+            }
+            assert_eq!(seen.len() as u64, pushed);
+            assert_eq!(pushed + ring.dropped(), 7);
+            assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
+            assert!(seen.iter().all(|o| o.latency_ticks == u64::from(o.instance_id) + 100));
+        });
+    }
+}

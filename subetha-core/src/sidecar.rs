@@ -1,0 +1,311 @@
+//! The [`Sidecar`]: an in-process scan thread that drains this process's
+//! segment, runs [`Policy`] decisions and answers snapshot requests.
+//!
+//! By default ([`SidecarMode::Auto`]) a sidecar starts by itself when the
+//! process segment is created, so an application that links subetha-core
+//! gets statistics without running anything else. `SUBETHA_SIDECAR=off`
+//! (or [`set_sidecar_mode`] before first use) disables it, e.g. when only an
+//! external agent should drain. The sidecar is the segment's consumer: it
+//! holds the consumer lease while it runs and gives it back when stopped.
+//!
+//! The scan thread sleeps `interval` (default 200 µs) between scans and
+//! evaluates policies every `policy_interval` (default 10 ms): a policy's
+//! verdict is written into the instance's policy word, which the primitive
+//! reads on its own schedule.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::clock;
+use crate::drain::{DrainTotals, Drainer, DropEpisode, InstanceRecord, RingRecord, ScanReport};
+use crate::lease::LeaseBusy;
+use crate::segment::{Segment, SegmentView};
+use crate::stats::InstanceStats;
+
+/// Whether this process drains its own segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SidecarMode {
+    /// Never: only an external agent drains.
+    Off,
+    /// Drain in-process by default (an agent may take over).
+    #[default]
+    Auto,
+    /// Always drain in-process.
+    Always,
+}
+
+impl SidecarMode {
+    fn from_env() -> Option<Self> {
+        match std::env::var("SUBETHA_SIDECAR").ok()?.trim() {
+            "off" | "0" | "false" => Some(Self::Off),
+            "auto" => Some(Self::Auto),
+            "always" | "on" | "1" | "true" => Some(Self::Always),
+            other => {
+                tracing::warn!(value = other, "SUBETHA_SIDECAR: expected off, auto or always; using auto");
+                Some(Self::Auto)
+            }
+        }
+    }
+}
+
+static MODE: AtomicU8 = AtomicU8::new(1);
+static GLOBAL: AtomicPtr<Sidecar> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Chooses the sidecar mode for this process. Takes effect only before the
+/// process segment is created (the first registration or observation);
+/// `SUBETHA_SIDECAR` in the environment overrides it.
+pub fn set_sidecar_mode(mode: SidecarMode) {
+    MODE.store(mode as u8, Ordering::Relaxed);
+}
+
+fn configured_mode() -> SidecarMode {
+    SidecarMode::from_env().unwrap_or(match MODE.load(Ordering::Relaxed) {
+        0 => SidecarMode::Off,
+        2 => SidecarMode::Always,
+        _ => SidecarMode::Auto,
+    })
+}
+
+/// Called by the registry right after the process segment is created.
+pub(crate) fn on_process_segment_created(segment: &'static Segment) {
+    let mode = configured_mode();
+    segment
+        .view()
+        .live()
+        .sidecar_mode
+        .store(mode as u32, Ordering::Relaxed);
+    if mode == SidecarMode::Off {
+        return;
+    }
+    match Sidecar::start(segment.view(), SidecarConfig::default()) {
+        Ok(sidecar) => {
+            let leaked = Box::into_raw(Box::new(sidecar));
+            if GLOBAL
+                .compare_exchange(std::ptr::null_mut(), leaked, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // SAFETY: `leaked` came from Box::into_raw just above and was
+                // not shared.
+                drop(unsafe { Box::from_raw(leaked) });
+            }
+        }
+        Err(error) => tracing::warn!(%error, "subetha: sidecar not started"),
+    }
+}
+
+/// The process's automatically started sidecar, if any.
+pub fn process_sidecar() -> Option<&'static Sidecar> {
+    let ptr = GLOBAL.load(Ordering::Acquire);
+    // SAFETY: GLOBAL only ever holds a leaked, never-freed Sidecar.
+    (!ptr.is_null()).then(|| unsafe { &*ptr })
+}
+
+/// In a forked child the sidecar's thread does not exist: forget it without
+/// running its destructor (which would join a thread of the parent).
+pub(crate) fn forget_after_fork() {
+    GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Decides an instance's policy word from its statistics.
+pub trait Policy: Send + 'static {
+    /// Whether this policy governs instances of kind code `kind`.
+    fn applies_to(&self, kind: u16) -> bool {
+        let _ = kind;
+        true
+    }
+
+    /// The new policy word, or `None` to leave `current` as it is.
+    fn decide(&mut self, stats: &InstanceStats, current: u32) -> Option<u32>;
+}
+
+/// Sidecar timing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SidecarConfig {
+    /// Pause between scans.
+    pub interval: Duration,
+    /// Pause between policy evaluations.
+    pub policy_interval: Duration,
+}
+
+impl Default for SidecarConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_micros(200),
+            policy_interval: Duration::from_millis(10),
+        }
+    }
+}
+
+/// A copy of what a consumer knows, for reporting.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// CLOCK_MONOTONIC ns when taken.
+    pub taken_mono_ns: u64,
+    /// Live instances.
+    pub instances: Vec<InstanceRecord>,
+    /// Unregistered instances' final stats.
+    pub retired: Vec<InstanceRecord>,
+    /// Ring slots.
+    pub rings: Vec<RingRecord>,
+    /// Drop episodes, oldest first.
+    pub episodes: Vec<DropEpisode>,
+    /// Lifetime totals.
+    pub totals: DrainTotals,
+    /// The latest scan.
+    pub last_scan: ScanReport,
+    /// Observations lost for want of a ring slot.
+    pub lost_no_ring: u64,
+}
+
+impl Snapshot {
+    /// The live or retired instance named `name`.
+    pub fn instance(&self, name: &str) -> Option<&InstanceRecord> {
+        self.instances
+            .iter()
+            .chain(&self.retired)
+            .find(|r| r.meta.name == name)
+    }
+}
+
+struct Shared {
+    drainer: Mutex<Drainer<&'static SegmentView>>,
+    policies: Mutex<Vec<Box<dyn Policy>>>,
+    last_scan: Mutex<ScanReport>,
+    stop: AtomicBool,
+}
+
+/// An in-process consumer thread. Stops, drains once more and releases the
+/// lease when dropped.
+pub struct Sidecar {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Sidecar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sidecar").finish_non_exhaustive()
+    }
+}
+
+impl Sidecar {
+    /// Takes the consumer lease of `view` and starts the scan thread.
+    pub fn start(view: &'static SegmentView, config: SidecarConfig) -> Result<Self, SidecarError> {
+        let drainer = Drainer::attach(view)?;
+        let shared = Arc::new(Shared {
+            drainer: Mutex::new(drainer),
+            policies: Mutex::new(Vec::new()),
+            last_scan: Mutex::new(ScanReport::default()),
+            stop: AtomicBool::new(false),
+        });
+        let thread = std::thread::Builder::new()
+            .name("subetha-sidecar".into())
+            .spawn({
+                let shared = Arc::clone(&shared);
+                move || run(&shared, config)
+            })
+            .map_err(SidecarError::Spawn)?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Adds a policy, evaluated from the next policy round on.
+    pub fn add_policy(&self, policy: impl Policy) {
+        self.shared.policies.lock().push(Box::new(policy));
+    }
+
+    /// Runs one scan now, on the calling thread, and returns its report.
+    pub fn scan_now(&self) -> ScanReport {
+        let report = self.shared.drainer.lock().scan();
+        *self.shared.last_scan.lock() = report;
+        report
+    }
+
+    /// Evaluates the policies now.
+    pub fn apply_policies_now(&self) {
+        apply_policies(&self.shared);
+    }
+
+    /// A copy of the statistics and drop history.
+    pub fn snapshot(&self) -> Snapshot {
+        let drainer = self.shared.drainer.lock();
+        Snapshot {
+            taken_mono_ns: clock::monotonic_ns(),
+            instances: drainer.instances().cloned().collect(),
+            retired: drainer.retired().cloned().collect(),
+            rings: drainer.rings().to_vec(),
+            episodes: drainer.episodes().cloned().collect(),
+            totals: drainer.totals(),
+            last_scan: *self.shared.last_scan.lock(),
+            lost_no_ring: drainer.view().live().lost_no_ring.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Why a sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    /// Someone else drains the segment.
+    #[error(transparent)]
+    Busy(#[from] LeaseBusy),
+    /// The thread could not be spawned.
+    #[error("cannot spawn the sidecar thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+fn run(shared: &Shared, config: SidecarConfig) {
+    let mut next_policy = clock::monotonic_ns();
+    while !shared.stop.load(Ordering::Acquire) {
+        let report = shared.drainer.lock().scan();
+        *shared.last_scan.lock() = report;
+        if report.started_mono_ns >= next_policy {
+            apply_policies(shared);
+            next_policy = report.started_mono_ns + config.policy_interval.as_nanos() as u64;
+        }
+        std::thread::park_timeout(config.interval);
+    }
+    // Final drain so nothing pushed before the stop is left behind.
+    let report = shared.drainer.lock().scan();
+    *shared.last_scan.lock() = report;
+}
+
+fn apply_policies(shared: &Shared) {
+    let mut policies = shared.policies.lock();
+    if policies.is_empty() {
+        return;
+    }
+    let drainer = shared.drainer.lock();
+    let mut updates = Vec::new();
+    for record in drainer.instances() {
+        let Some(current) = drainer.policy(record.meta.id) else {
+            continue;
+        };
+        let mut word = current;
+        for policy in policies.iter_mut().filter(|p| p.applies_to(record.meta.kind)) {
+            if let Some(new) = policy.decide(&record.stats, word) {
+                word = new;
+            }
+        }
+        if word != current {
+            updates.push((record.meta.id, word));
+        }
+    }
+    for (id, word) in updates {
+        drainer.set_policy(id, word);
+    }
+}
