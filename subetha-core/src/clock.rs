@@ -239,12 +239,7 @@ const SAMPLES_PER_END: usize = 16;
 
 impl Calibration {
     /// Builds a calibration from its parts (`_reserved` is zeroed).
-    pub const fn new(
-        source: ClockSource,
-        ticks_per_sec: u64,
-        ref_ticks: u64,
-        ref_mono_ns: u64,
-    ) -> Self {
+    pub const fn new(source: ClockSource, ticks_per_sec: u64, ref_ticks: u64, ref_mono_ns: u64) -> Self {
         Self {
             ticks_per_sec,
             ref_ticks,
@@ -446,14 +441,8 @@ mod tests {
         ] {
             assert_eq!(ClockSource::try_from(s as u32), Ok(s));
         }
-        assert_eq!(
-            ClockSource::try_from(0),
-            Err(CalibrationError::UnknownSource(0))
-        );
-        assert_eq!(
-            ClockSource::try_from(4),
-            Err(CalibrationError::UnknownSource(4))
-        );
+        assert_eq!(ClockSource::try_from(0), Err(CalibrationError::UnknownSource(0)));
+        assert_eq!(ClockSource::try_from(4), Err(CalibrationError::UnknownSource(4)));
         #[cfg(target_arch = "x86_64")]
         assert_eq!(ClockSource::NATIVE, ClockSource::Tsc);
     }
@@ -495,8 +484,7 @@ mod tests {
         // Spec: within 2%; real error is a few ppm, so hold it to 0.1%.
         let long = measure_with(ticks, ClockSource::NATIVE, 200_000_000);
         let short = Calibration::measure();
-        let err =
-            short.ticks_per_sec.abs_diff(long.ticks_per_sec) as f64 / long.ticks_per_sec as f64;
+        let err = short.ticks_per_sec.abs_diff(long.ticks_per_sec) as f64 / long.ticks_per_sec as f64;
         assert!(
             err < 1e-3,
             "measure() = {} Hz vs 200 ms measurement {} Hz ({:.1} ppm)",
@@ -525,15 +513,7 @@ mod tests {
     #[test]
     fn duration_roundtrip() {
         let cal = Calibration::new(ClockSource::Tsc, 2_599_998_000, 0, 0);
-        for x in [
-            0,
-            1,
-            7,
-            1_000,
-            123_456_789,
-            3_600 * NANOS_PER_SEC,
-            u64::MAX / 4,
-        ] {
+        for x in [0, 1, 7, 1_000, 123_456_789, 3_600 * NANOS_PER_SEC, u64::MAX / 4] {
             let back = cal.ticks_to_ns(cal.ns_to_ticks(x));
             assert!(back.abs_diff(x) <= 1, "{x} -> {back}");
         }
@@ -564,10 +544,7 @@ mod tests {
             })
             .min()
             .unwrap();
-        assert!(
-            best < 200_000,
-            "tick instant off CLOCK_MONOTONIC by {best} ns"
-        );
+        assert!(best < 200_000, "tick instant off CLOCK_MONOTONIC by {best} ns");
         let now = monotonic_ns();
         let back = cal.monotonic_ns_to_ticks(now);
         assert!(cal.ticks_to_monotonic_ns(back).abs_diff(now) <= 1);
@@ -601,21 +578,12 @@ mod tests {
                 let _ = (cal.ticks_to_monotonic_ns(x), cal.monotonic_ns_to_ticks(x));
             }
         }
-        assert_eq!(
-            max.validate(),
-            Err(CalibrationError::UnknownSource(u32::MAX))
-        );
+        assert_eq!(max.validate(), Err(CalibrationError::UnknownSource(u32::MAX)));
         max.source = SOURCE_TSC;
-        assert_eq!(
-            max.validate(),
-            Err(CalibrationError::ReservedNonZero(u32::MAX))
-        );
+        assert_eq!(max.validate(), Err(CalibrationError::ReservedNonZero(u32::MAX)));
         assert_eq!(max.ticks_to_ns(u64::MAX), 1_000_000_000);
         assert_eq!(max.ns_to_ticks(u64::MAX), u64::MAX);
-        assert_eq!(
-            zero_hz.validate(),
-            Err(CalibrationError::FrequencyOutOfRange(0))
-        );
+        assert_eq!(zero_hz.validate(), Err(CalibrationError::FrequencyOutOfRange(0)));
         assert_eq!(zero_hz.ticks_to_ns(1), u64::MAX);
         assert_eq!(zero_hz.ticks_to_ns(0), 0);
         assert_eq!(zero_hz.ns_to_ticks(u64::MAX), 0);

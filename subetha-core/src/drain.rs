@@ -377,7 +377,9 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             let mut record = t.record;
             record.meta.retired_mono_ns = Some(entry.retired_mono_ns.load(Ordering::Relaxed));
             Self::keep_retired(&mut self.retired, record);
-            entry.generation.store(t.generation.wrapping_add(1) & 0xFFFF, Ordering::Relaxed);
+            entry
+                .generation
+                .store(t.generation.wrapping_add(1) & 0xFFFF, Ordering::Relaxed);
             // Release: the generation bump is visible to the next registrar.
             entry.state.store(instance_state::FREE, Ordering::Release);
             freed += 1;
@@ -473,7 +475,9 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                     // overwritten by theirs.
                     episode.end_mono_ns = Some(now);
                     episode.end_estimated = true;
-                    episode.dropped = counters.episode_begin_dropped.saturating_sub(episode.begin_dropped);
+                    episode.dropped = counters
+                        .episode_begin_dropped
+                        .saturating_sub(episode.begin_dropped);
                 } else {
                     episode.dropped = counters.dropped.saturating_sub(episode.begin_dropped);
                     if !counters.in_episode {
@@ -530,10 +534,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         // Release: our head stores and the reset above happen before a new
         // producer claims the slot (its claim CAS Acquires).
         slot.state.store(slot_state::FREE, Ordering::Release);
-        self.view()
-            .live()
-            .ring_free_epoch
-            .fetch_add(1, Ordering::AcqRel);
+        self.view().live().ring_free_epoch.fetch_add(1, Ordering::AcqRel);
         let record = &mut self.rings[index as usize];
         record.state = slot_state::FREE;
         record.open_episode = None;
@@ -672,7 +673,9 @@ mod tests {
         slot.thread_id.store(thread_id, Ordering::Relaxed);
         slot.os_tid.store(1000 + thread_id, Ordering::Relaxed);
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
-        view.live().rings_high_water.fetch_max(index + 1, Ordering::AcqRel);
+        view.live()
+            .rings_high_water
+            .fetch_max(index + 1, Ordering::AcqRel);
         slot
     }
 
@@ -718,7 +721,10 @@ mod tests {
         assert_eq!((sb.op(2).unwrap().ops(), sb.op(2).unwrap().misses()), (500, 500));
         assert_eq!(drainer.totals().unattributed, 1);
         let meta = &drainer.instances().next().unwrap().meta;
-        assert_eq!((meta.kind_name.as_str(), meta.op_name(2).as_str()), ("mutex", "try_lock"));
+        assert_eq!(
+            (meta.kind_name.as_str(), meta.op_name(2).as_str()),
+            ("mutex", "try_lock")
+        );
         assert_eq!(ring0.drained_total.load(Ordering::Relaxed), 1000);
         assert!(ring0.ring.is_empty() && ring1.ring.is_empty());
     }
@@ -734,9 +740,15 @@ mod tests {
             push(ring, a, 1, 0, 0);
         }
         let first = drainer.scan();
-        assert_eq!((first.drained, first.dropped, first.episodes_begun), (4096, 10, 1));
+        assert_eq!(
+            (first.drained, first.dropped, first.episodes_begun),
+            (4096, 10, 1)
+        );
         let episode = drainer.episodes().next().unwrap().clone();
-        assert_eq!((episode.dropped, episode.first_instance, episode.os_tid), (10, a, 1003));
+        assert_eq!(
+            (episode.dropped, episode.first_instance, episode.os_tid),
+            (10, a, 1003)
+        );
         assert_eq!(episode.end_mono_ns, None, "no successful push yet");
         // A successful push ends the episode; the next scan closes it.
         assert!(push(ring, a, 1, 0, 0));

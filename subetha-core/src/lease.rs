@@ -138,7 +138,9 @@ mod tests {
         let segment = segment();
         let view = segment.view();
         // A pid above pid_max cannot exist.
-        view.live().consumer.store((4_194_305u64 << 32) | 7, Ordering::Release);
+        view.live()
+            .consumer
+            .store((4_194_305u64 << 32) | 7, Ordering::Release);
         let lease = ConsumerLease::acquire(view).unwrap();
         assert!(lease.is_held(view));
     }

@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn push_pop_round_trip_preserves_fields() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         let obs = Observation {
             instance_id: 0xDEAD_BEEF,
             op_kind: 7,
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn push_auto_stamps_thread_id_when_zero() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         assert!(ring.push(Observation::new(3, 1, 0, 99)));
         let popped = ring.pop().expect("pushed one");
         assert_eq!(popped.producer_thread_id, thread_id());
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn ring_fills_exactly_at_capacity() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         for i in 0..ObservationRing::CAPACITY {
             assert!(ring.push(Observation::new(i as u32, 1, 0, 0)), "push {i}");
         }

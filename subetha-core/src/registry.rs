@@ -28,8 +28,8 @@ use crate::clock;
 use crate::observation::{Observation, thread_id};
 use crate::ring::ObservationRing;
 use crate::segment::{
-    INSTANCE_NAME_MAX, InstanceEntry, OP_KINDS, RingSlot, SHORT_NAME_MAX, Segment, SegmentConfig, SegmentError,
-    SegmentView, instance_state, slot_state, write_text,
+    INSTANCE_NAME_MAX, InstanceEntry, OP_KINDS, RingSlot, SHORT_NAME_MAX, Segment, SegmentConfig,
+    SegmentError, SegmentView, instance_state, slot_state, write_text,
 };
 
 /// Why a registration or an observation failed.
@@ -98,7 +98,6 @@ static INHERITED: AtomicPtr<Segment> = AtomicPtr::new(ptr::null_mut());
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 static ATFORK: Once = Once::new();
 
-
 /// The thread's ring, read on every observation. Kept apart from the guard
 /// below because a thread-local without a destructor is a plain
 /// `fs:`-relative load.
@@ -140,7 +139,8 @@ impl Drop for SlotGuard {
         // runs.
         let slot = unsafe { &*self.slot };
         slot.ring.close_episode();
-        slot.orphaned_mono_ns.store(clock::monotonic_ns(), Ordering::Relaxed);
+        slot.orphaned_mono_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
         // Release: the consumer that sees ORPHANED sees every push and
         // counter this thread made.
         slot.state.store(slot_state::ORPHANED, Ordering::Release);
@@ -234,19 +234,27 @@ fn copy_live_instances(from: &SegmentView, to: &SegmentView) {
         if src.state.load(Ordering::Acquire) != instance_state::LIVE {
             continue;
         }
-        dst.generation.store(src.generation.load(Ordering::Relaxed), Ordering::Relaxed);
-        dst.kind.store(src.kind.load(Ordering::Relaxed), Ordering::Relaxed);
-        dst.policy.store(src.policy.load(Ordering::Relaxed), Ordering::Relaxed);
-        dst.name_len.store(src.name_len.load(Ordering::Relaxed), Ordering::Relaxed);
-        dst.op_mask.store(src.op_mask.load(Ordering::Relaxed), Ordering::Relaxed);
-        dst.registered_mono_ns.store(clock::monotonic_ns(), Ordering::Relaxed);
+        dst.generation
+            .store(src.generation.load(Ordering::Relaxed), Ordering::Relaxed);
+        dst.kind
+            .store(src.kind.load(Ordering::Relaxed), Ordering::Relaxed);
+        dst.policy
+            .store(src.policy.load(Ordering::Relaxed), Ordering::Relaxed);
+        dst.name_len
+            .store(src.name_len.load(Ordering::Relaxed), Ordering::Relaxed);
+        dst.op_mask
+            .store(src.op_mask.load(Ordering::Relaxed), Ordering::Relaxed);
+        dst.registered_mono_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
         copy_bytes(&src.name, &dst.name);
         copy_bytes(&src.kind_name, &dst.kind_name);
         for (s, d) in src.op_names.iter().zip(&dst.op_names) {
             copy_bytes(s, d);
         }
         dst.state.store(instance_state::LIVE, Ordering::Release);
-        to.live().instances_high_water.fetch_max(index + 1, Ordering::AcqRel);
+        to.live()
+            .instances_high_water
+            .fetch_max(index + 1, Ordering::AcqRel);
     }
 }
 
@@ -323,7 +331,9 @@ impl Drop for Instance {
         if let Some(entry) = self.entry()
             && entry.generation.load(Ordering::Relaxed) & 0xFFFF == self.id >> 16
         {
-            entry.retired_mono_ns.store(clock::monotonic_ns(), Ordering::Relaxed);
+            entry
+                .retired_mono_ns
+                .store(clock::monotonic_ns(), Ordering::Relaxed);
             // Release: a consumer that sees RETIRED sees every observation
             // pushed for this instance before (see drain docs).
             entry.state.store(instance_state::RETIRED, Ordering::Release);
@@ -377,7 +387,9 @@ pub(crate) fn register_in(view: &SegmentView, kind: InstanceKind, name: &str) ->
         }
         entry.kind.store(u32::from(kind.code), Ordering::Relaxed);
         entry.policy.store(0, Ordering::Relaxed);
-        entry.name_len.store(write_text(&entry.name, name), Ordering::Relaxed);
+        entry
+            .name_len
+            .store(write_text(&entry.name, name), Ordering::Relaxed);
         write_text(&entry.kind_name, kind.name);
         let mut op_mask = 0;
         for (k, field) in entry.op_names.iter().enumerate() {
@@ -388,13 +400,17 @@ pub(crate) fn register_in(view: &SegmentView, kind: InstanceKind, name: &str) ->
             }
         }
         entry.op_mask.store(op_mask, Ordering::Relaxed);
-        entry.registered_mono_ns.store(clock::monotonic_ns(), Ordering::Relaxed);
+        entry
+            .registered_mono_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
         entry.retired_mono_ns.store(0, Ordering::Relaxed);
         let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
         // Release: publishes the fields above before the id can appear in
         // any ring.
         entry.state.store(instance_state::LIVE, Ordering::Release);
-        view.live().instances_high_water.fetch_max(index + 1, Ordering::AcqRel);
+        view.live()
+            .instances_high_water
+            .fetch_max(index + 1, Ordering::AcqRel);
         return Ok((generation << 16) | (index + 1));
     }
     Err(RegistryError::InstanceTableFull { capacity })
@@ -443,7 +459,12 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
         if slot.state.load(Ordering::Relaxed) != slot_state::FREE
             || slot
                 .state
-                .compare_exchange(slot_state::FREE, slot_state::CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(
+                    slot_state::FREE,
+                    slot_state::CLAIMED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
                 .is_err()
         {
             continue;
@@ -452,15 +473,22 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
         slot.generation.fetch_add(1, Ordering::Relaxed);
         slot.thread_id.store(thread_id, Ordering::Relaxed);
         // SAFETY: gettid has no preconditions.
-        slot.os_tid.store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
-        let name = std::thread::current().name().map(str::to_owned).unwrap_or_default();
+        slot.os_tid
+            .store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
+        let name = std::thread::current()
+            .name()
+            .map(str::to_owned)
+            .unwrap_or_default();
         slot.thread_name_len
             .store(write_text(&slot.thread_name, &name), Ordering::Relaxed);
-        slot.claimed_mono_ns.store(clock::monotonic_ns(), Ordering::Relaxed);
+        slot.claimed_mono_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
         slot.orphaned_mono_ns.store(0, Ordering::Relaxed);
         // Release: the consumer that sees ACTIVE sees the metadata above.
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
-        view.live().rings_high_water.fetch_max(index + 1, Ordering::AcqRel);
+        view.live()
+            .rings_high_water
+            .fetch_max(index + 1, Ordering::AcqRel);
         let producer = Producer {
             ring: &slot.ring,
             thread_id,
@@ -502,7 +530,10 @@ mod tests {
         assert_eq!(id_generation(a), 0);
         assert_eq!(entry_index(0), None);
         let entry = view.instance(1).unwrap();
-        assert_eq!(crate::segment::read_text(&entry.name, entry.name_len.load(Ordering::Relaxed)), "b");
+        assert_eq!(
+            crate::segment::read_text(&entry.name, entry.name_len.load(Ordering::Relaxed)),
+            "b"
+        );
         // A freed entry comes back with the next generation.
         entry.state.store(instance_state::FREE, Ordering::Relaxed);
         entry.generation.store(1, Ordering::Relaxed);
@@ -517,7 +548,10 @@ mod tests {
         register_in(segment.view(), InstanceKind::CUSTOM, "a").unwrap();
         register_in(segment.view(), InstanceKind::CUSTOM, "b").unwrap();
         let err = register_in(segment.view(), InstanceKind::CUSTOM, "c").unwrap_err();
-        assert!(matches!(err, RegistryError::InstanceTableFull { capacity: 2 }), "{err}");
+        assert!(
+            matches!(err, RegistryError::InstanceTableFull { capacity: 2 }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -539,7 +573,10 @@ mod tests {
     #[test]
     fn bad_names_are_rejected() {
         for name in ["", "a\nb", &"x".repeat(65)] {
-            assert!(matches!(validate_name(name), Err(RegistryError::InvalidName { .. })), "{name:?}");
+            assert!(
+                matches!(validate_name(name), Err(RegistryError::InvalidName { .. })),
+                "{name:?}"
+            );
         }
         validate_name(&"é".repeat(32)).unwrap();
     }

@@ -44,7 +44,7 @@
 use crate::clock;
 use crate::hooks;
 use crate::observation::{Observation, thread_id};
-use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, OwnerLoad, UnsafeCell};
 
 /// Slots per ring. The spec fixes 4096; loom models use a tiny ring so they
 /// can explore the full and wrapped states.
@@ -90,7 +90,10 @@ unsafe impl Send for ObservationRing {}
 /// The consumer found `tail - head` larger than the capacity: the ring's
 /// memory was corrupted (or written by a hostile process). Nothing was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("ring corrupt: head {head} and tail {tail} are more than {} apart", ObservationRing::CAPACITY)]
+#[error(
+    "ring corrupt: head {head} and tail {tail} are more than {} apart",
+    ObservationRing::CAPACITY
+)]
 pub struct RingCorrupt {
     /// The consumer index that was read.
     pub head: u32,
@@ -127,7 +130,6 @@ impl ObservationRing {
     /// An empty ring. All-zero, so it is `const` and valid in zeroed memory.
     #[cfg(not(loom))]
     pub const fn new() -> Self {
-        const EMPTY: UnsafeCell<Observation> = UnsafeCell::new(Observation::ZERO);
         Self {
             head: AtomicU32::new(0),
             _pad0: [0; 60],
@@ -141,7 +143,7 @@ impl ObservationRing {
             in_episode: AtomicU32::new(0),
             episode_first_instance: AtomicU32::new(0),
             _pad1: [0; 12],
-            buf: [EMPTY; CAPACITY],
+            buf: [const { UnsafeCell::new(Observation::ZERO) }; CAPACITY],
         }
     }
 
@@ -181,9 +183,9 @@ impl ObservationRing {
     /// [`push`](Self::push) for callers that already stamped the thread id.
     #[inline]
     pub(crate) fn push_stamped(&self, obs: Observation) -> bool {
-        // Relaxed: the producer is the only writer of `tail`.
-        let tail = self.tail.load(Ordering::Relaxed);
-        if tail.wrapping_sub(self.cached_head.load(Ordering::Relaxed)) >= CAPACITY as u32 {
+        // The producer is the only writer of `tail` and `cached_head`.
+        let tail = self.tail.owner_load();
+        if tail.wrapping_sub(self.cached_head.owner_load()) >= CAPACITY as u32 {
             // Acquire: pairs with the consumer's Release of `head`, so its
             // copies out of the slots we are about to reuse are complete.
             let head = self.head.load(Ordering::Acquire);
@@ -193,7 +195,7 @@ impl ObservationRing {
                 return false;
             }
         }
-        if self.in_episode.load(Ordering::Relaxed) != 0 {
+        if self.in_episode.owner_load() != 0 {
             self.end_episode();
         }
         self.buf[(tail & INDEX_MASK) as usize].with_mut(|slot| {
@@ -214,16 +216,14 @@ impl ObservationRing {
     fn record_drop(&self, instance_id: u32) {
         // A plain load + store, not a read-modify-write: the producer is the
         // only writer, and this keeps LOCK-prefixed instructions off the path.
-        let dropped = self.dropped.load(Ordering::Relaxed);
+        let dropped = self.dropped.owner_load();
         self.dropped.store(dropped + 1, Ordering::Relaxed);
-        if self.in_episode.load(Ordering::Relaxed) == 0 {
-            self.episode_begin_ticks
-                .store(clock::ticks(), Ordering::Relaxed);
+        if self.in_episode.owner_load() == 0 {
+            self.episode_begin_ticks.store(clock::ticks(), Ordering::Relaxed);
             self.episode_begin_dropped.store(dropped, Ordering::Relaxed);
-            self.episode_first_instance
-                .store(instance_id, Ordering::Relaxed);
+            self.episode_first_instance.store(instance_id, Ordering::Relaxed);
             self.in_episode.store(1, Ordering::Relaxed);
-            let episodes = self.episodes.load(Ordering::Relaxed).wrapping_add(1);
+            let episodes = self.episodes.owner_load().wrapping_add(1);
             // Release: a consumer that sees the new count sees the fields above.
             self.episodes.store(episodes, Ordering::Release);
             hooks::subetha_drop_begin(self as *const Self as usize, instance_id, dropped + 1);
@@ -237,15 +237,14 @@ impl ObservationRing {
         self.episode_end_ticks.store(clock::ticks(), Ordering::Relaxed);
         // Release: a consumer that sees the episode closed sees its end time.
         self.in_episode.store(0, Ordering::Release);
-        let in_episode = self.dropped.load(Ordering::Relaxed)
-            - self.episode_begin_dropped.load(Ordering::Relaxed);
+        let in_episode = self.dropped.owner_load() - self.episode_begin_dropped.owner_load();
         hooks::subetha_drop_end(self as *const Self as usize, in_episode);
     }
 
     /// Producer: closes an open drop episode without a successful push, e.g.
     /// when the owning thread exits in the middle of one.
     pub fn close_episode(&self) {
-        if self.in_episode.load(Ordering::Relaxed) != 0 {
+        if self.in_episode.owner_load() != 0 {
             self.end_episode();
         }
     }
@@ -276,8 +275,8 @@ impl ObservationRing {
     /// `tail` once, copies the batch out, and publishes `head` once.
     #[inline]
     pub fn try_pop_batch(&self, out: &mut [Observation]) -> Result<usize, RingCorrupt> {
-        // Relaxed: the consumer is the only writer of `head`.
-        let head = self.head.load(Ordering::Relaxed);
+        // The consumer is the only writer of `head`.
+        let head = self.head.owner_load();
         // Acquire: pairs with the producer's Release of `tail`, so the slots
         // in `[head, tail)` hold the observations it wrote.
         let tail = self.tail.load(Ordering::Acquire);
@@ -391,7 +390,7 @@ mod tests {
 
     #[test]
     fn zeroed_memory_is_an_empty_ring() {
-        let ring: Box<ObservationRing> = Box::new(ObservationRing::new());
+        let ring: Box<ObservationRing> = Box::<ObservationRing>::default();
         // SAFETY: reading the ring's bytes; it contains no padding holes
         // (all fields are integers/atomics/arrays laid out back to back).
         let bytes = unsafe {
@@ -406,7 +405,7 @@ mod tests {
 
     #[test]
     fn batch_pop_preserves_order_across_wrap() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         let mut out = vec![Observation::ZERO; 1000];
         let mut next_push = 0u32;
         let mut next_pop = 0u32;
@@ -428,7 +427,7 @@ mod tests {
 
     #[test]
     fn drop_episodes_count_runs_not_drops() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         for _ in 0..ObservationRing::CAPACITY {
             assert!(ring.push(Observation::new(1, 1, 0, 0)));
         }
@@ -436,7 +435,10 @@ mod tests {
             assert!(!ring.push(Observation::new(2, 1, 0, 0)));
         }
         let during = ring.producer_counters();
-        assert_eq!((during.dropped, during.episodes, during.in_episode), (10, 1, true));
+        assert_eq!(
+            (during.dropped, during.episodes, during.in_episode),
+            (10, 1, true)
+        );
         assert_eq!(during.episode_first_instance, 2);
         assert_eq!(during.episode_begin_dropped, 0);
         assert!(ring.pop().is_some());
@@ -447,12 +449,15 @@ mod tests {
         // A second run of drops is a second episode.
         assert!(!ring.push(Observation::new(4, 1, 0, 0)));
         let again = ring.producer_counters();
-        assert_eq!((again.dropped, again.episodes, again.episode_begin_dropped), (11, 2, 10));
+        assert_eq!(
+            (again.dropped, again.episodes, again.episode_begin_dropped),
+            (11, 2, 10)
+        );
     }
 
     #[test]
     fn corrupt_indices_are_reported_not_trusted() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         ring.tail.store(5000, Ordering::Relaxed);
         let mut out = [Observation::ZERO; 8];
         assert_eq!(
@@ -465,7 +470,7 @@ mod tests {
 
     #[test]
     fn indices_wrap_around_u32() {
-        let ring = Box::new(ObservationRing::new());
+        let ring = Box::<ObservationRing>::default();
         let start = u32::MAX - 10;
         ring.head.store(start, Ordering::Relaxed);
         ring.tail.store(start, Ordering::Relaxed);
@@ -475,7 +480,12 @@ mod tests {
         }
         let mut out = [Observation::ZERO; 128];
         assert_eq!(ring.pop_batch(&mut out), 100);
-        assert!(out[..100].iter().enumerate().all(|(i, o)| o.instance_id == i as u32));
+        assert!(
+            out[..100]
+                .iter()
+                .enumerate()
+                .all(|(i, o)| o.instance_id == i as u32)
+        );
     }
 
     /// Two real threads: every pushed observation is popped exactly once and
@@ -506,12 +516,21 @@ mod tests {
             let got = if use_batch {
                 ring.pop_batch(&mut out)
             } else {
-                ring.pop().map(|o| { out[0] = o; 1 }).unwrap_or(0)
+                ring.pop()
+                    .map(|o| {
+                        out[0] = o;
+                        1
+                    })
+                    .unwrap_or(0)
             };
             for obs in &out[..got] {
                 assert_eq!(obs.latency_ticks, u64::from(obs.instance_id) * 3);
                 if let Some(last) = last_seq {
-                    assert!(obs.instance_id > last, "out of order: {last} then {}", obs.instance_id);
+                    assert!(
+                        obs.instance_id > last,
+                        "out of order: {last} then {}",
+                        obs.instance_id
+                    );
                 }
                 last_seq = Some(obs.instance_id);
             }
@@ -566,7 +585,10 @@ mod loom_tests {
             assert_eq!(seen.len() as u64, pushed);
             assert_eq!(pushed + ring.dropped(), 6);
             assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
-            assert!(seen.iter().all(|o| o.latency_ticks == u64::from(o.instance_id) + 100));
+            assert!(
+                seen.iter()
+                    .all(|o| o.latency_ticks == u64::from(o.instance_id) + 100)
+            );
         });
     }
 
@@ -596,7 +618,10 @@ mod loom_tests {
             assert_eq!(seen.len() as u64, pushed);
             assert_eq!(pushed + ring.dropped(), 7);
             assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
-            assert!(seen.iter().all(|o| o.latency_ticks == u64::from(o.instance_id) + 100));
+            assert!(
+                seen.iter()
+                    .all(|o| o.latency_ticks == u64::from(o.instance_id) + 100)
+            );
         });
     }
 }

@@ -669,7 +669,11 @@ impl SegmentView {
     ///
     /// `base..base + len` must be mapped readable and writable, aligned to a
     /// page, and stay mapped for the life of the returned view.
-    pub unsafe fn from_raw(base: NonNull<u8>, len: usize, expect: &Expectations) -> Result<Self, SegmentError> {
+    pub unsafe fn from_raw(
+        base: NonNull<u8>,
+        len: usize,
+        expect: &Expectations,
+    ) -> Result<Self, SegmentError> {
         let layout = Self::read_layout(base, len)?;
         validate(&layout, len, expect)?;
         Ok(Self {
@@ -802,14 +806,34 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
     let sizes: [(&'static str, u64, u64); 6] = [
         ("header_size", layout.header_size.into(), HEADER_SIZE as u64),
         ("total_size", layout.total_size, mapped_len as u64),
-        ("instance_entry_size", layout.instance_entry_size.into(), size_of::<InstanceEntry>() as u64),
-        ("ring_slot_size", layout.ring_slot_size.into(), size_of::<RingSlot>() as u64),
-        ("ring_capacity", layout.ring_capacity.into(), ObservationRing::CAPACITY as u64),
-        ("observation_size", layout.observation_size.into(), size_of::<crate::Observation>() as u64),
+        (
+            "instance_entry_size",
+            layout.instance_entry_size.into(),
+            size_of::<InstanceEntry>() as u64,
+        ),
+        (
+            "ring_slot_size",
+            layout.ring_slot_size.into(),
+            size_of::<RingSlot>() as u64,
+        ),
+        (
+            "ring_capacity",
+            layout.ring_capacity.into(),
+            ObservationRing::CAPACITY as u64,
+        ),
+        (
+            "observation_size",
+            layout.observation_size.into(),
+            size_of::<crate::Observation>() as u64,
+        ),
     ];
     for (field, found, expected) in sizes {
         if found != expected {
-            return Err(SegmentError::BadSize { field, found, expected });
+            return Err(SegmentError::BadSize {
+                field,
+                found,
+                expected,
+            });
         }
     }
     if layout.instance_capacity > MAX_INSTANCES {
@@ -880,7 +904,7 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
 
 /// The byte range of a table, if it is page-aligned and fits in `total`.
 fn table_range(offset: u64, count: u32, entry: usize, total: u64) -> Option<std::ops::Range<u64>> {
-    if offset % PAGE as u64 != 0 {
+    if !offset.is_multiple_of(PAGE as u64) {
         return None;
     }
     let end = offset.checked_add(u64::from(count).checked_mul(entry as u64)?)?;
@@ -888,11 +912,15 @@ fn table_range(offset: u64, count: u32, entry: usize, total: u64) -> Option<std:
 }
 
 /// Copies a length-prefixed text field out of shared memory, cut to the
-/// field, with invalid UTF-8 replaced and control characters turned into
+/// field and at the first NUL, with invalid UTF-8 replaced and control characters turned into
 /// `?`: names are hostile input for the agent.
 pub fn read_text(bytes: &[AtomicU8], len: u32) -> String {
     let len = (len as usize).min(bytes.len());
-    let raw: Vec<u8> = bytes[..len].iter().map(|b| b.load(Ordering::Relaxed)).collect();
+    let raw: Vec<u8> = bytes[..len]
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .take_while(|&b| b != 0)
+        .collect();
     sanitize(&raw)
 }
 
@@ -977,15 +1005,25 @@ mod tests {
         let other = SegmentView::map_fd(fd, &expect).unwrap();
         assert_eq!(other.layout(), &layout);
         // Writes through one mapping are visible through the other.
-        segment.view().ring_slot(3).unwrap().ring.push(crate::Observation::new(9, 1, 0, 0));
-        assert_eq!(other.ring_slot(3).unwrap().ring.pop().map(|o| o.instance_id), Some(9));
+        segment
+            .view()
+            .ring_slot(3)
+            .unwrap()
+            .ring
+            .push(crate::Observation::new(9, 1, 0, 0));
+        assert_eq!(
+            other.ring_slot(3).unwrap().ring.pop().map(|o| o.instance_id),
+            Some(9)
+        );
         assert!(other.ring_slot(4).is_none());
         assert!(other.instance(16).is_none());
         // The seals hold: the file cannot shrink or grow.
         // SAFETY: ftruncate on a descriptor we own; expected to fail.
         assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        let grow = layout.total_size as i64 * 2;
         // SAFETY: as above.
-        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), layout.total_size as i64 * 2) }, 0);
+        let grown = unsafe { libc::ftruncate(fd.as_raw_fd(), grow) };
+        assert_ne!(grown, 0);
     }
 
     #[test]

@@ -45,7 +45,10 @@ impl SidecarMode {
             "auto" => Some(Self::Auto),
             "always" | "on" | "1" | "true" => Some(Self::Always),
             other => {
-                tracing::warn!(value = other, "SUBETHA_SIDECAR: expected off, auto or always; using auto");
+                tracing::warn!(
+                    value = other,
+                    "SUBETHA_SIDECAR: expected off, auto or always; using auto"
+                );
                 Some(Self::Auto)
             }
         }

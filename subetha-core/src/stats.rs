@@ -680,9 +680,7 @@ impl OpStats {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.latency
-            .as_ref()
-            .map_or(0, |_| size_of::<LatencyHistogram>())
+        self.latency.as_ref().map_or(0, |_| size_of::<LatencyHistogram>())
             + self.threads.ids.capacity() * size_of::<u32>()
     }
 }
@@ -739,13 +737,7 @@ impl InstanceStats {
     ///   when it differs from the previous observation of this op kind) and
     ///   the max-latency attribution.
     #[inline]
-    pub fn record(
-        &mut self,
-        op_kind: u16,
-        flags: u16,
-        latency_ticks: u64,
-        producer_thread_id: u32,
-    ) {
+    pub fn record(&mut self, op_kind: u16, flags: u16, latency_ticks: u64, producer_thread_id: u32) {
         // op_kind 0 wraps to 65535, so one bounds check rejects 0 and > 7.
         match self.ops.get_mut(usize::from(op_kind.wrapping_sub(1))) {
             Some(op) => op.record(flags, latency_ticks, producer_thread_id),
@@ -870,9 +862,7 @@ impl InstanceStats {
         StatsDelta {
             ops,
             invalid_op_kind: self.invalid_op_kind.saturating_sub(earlier.invalid_op_kind),
-            drops_attributed: self
-                .drops_attributed
-                .saturating_sub(earlier.drops_attributed),
+            drops_attributed: self.drops_attributed.saturating_sub(earlier.drops_attributed),
         }
     }
 }
@@ -884,9 +874,7 @@ fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
-fn merged_histogram<'a>(
-    hists: impl Iterator<Item = &'a LatencyHistogram>,
-) -> Option<LatencyHistogram> {
+fn merged_histogram<'a>(hists: impl Iterator<Item = &'a LatencyHistogram>) -> Option<LatencyHistogram> {
     let mut out: Option<LatencyHistogram> = None;
     for h in hists {
         match &mut out {
@@ -897,9 +885,7 @@ fn merged_histogram<'a>(
     out
 }
 
-fn max_with_kind(
-    maxima: impl Iterator<Item = (u16, Option<MaxLatency>)>,
-) -> Option<(u16, MaxLatency)> {
+fn max_with_kind(maxima: impl Iterator<Item = (u16, Option<MaxLatency>)>) -> Option<(u16, MaxLatency)> {
     let mut best: Option<(u16, MaxLatency)> = None;
     for (kind, m) in maxima {
         if let Some(m) = m
@@ -990,9 +976,7 @@ impl StatsDelta {
             drops_per_sec: per_sec(self.drops_attributed),
             invalid_per_sec: per_sec(self.invalid_op_kind),
             latency: self.latency().map(|h| h.quantiles()),
-            new_max_latency: max_with_kind(
-                (1u16..).zip(self.ops.iter().map(|o| o.new_max_latency)),
-            ),
+            new_max_latency: max_with_kind((1u16..).zip(self.ops.iter().map(|o| o.new_max_latency))),
         }
     }
 }
@@ -1113,8 +1097,7 @@ mod tests {
     }
 
     const QS: [f64; 16] = [
-        0.0, 0.0001, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999,
-        0.99999, 1.0,
+        0.0, 0.0001, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 0.99999, 1.0,
     ];
 
     fn exact_quantile(sorted: &[u64], q: f64) -> u64 {
@@ -1171,10 +1154,7 @@ mod tests {
         let mut d = Vec::new();
         d.push(("uniform small", (0..n).map(|_| rng.below(100)).collect()));
         d.push(("uniform 10k", (0..n).map(|_| rng.below(10_000)).collect()));
-        d.push((
-            "uniform to 2^40",
-            (0..n).map(|_| rng.below(1 << 40)).collect(),
-        ));
+        d.push(("uniform to 2^40", (0..n).map(|_| rng.below(1 << 40)).collect()));
         d.push((
             "exponential mean 5000",
             (0..n).map(|_| (-rng.unit().ln() * 5000.0) as u64).collect(),
@@ -1187,21 +1167,15 @@ mod tests {
         ));
         d.push((
             "log-uniform 1..2^39",
-            (0..n)
-                .map(|_| 2f64.powf(rng.unit() * 39.0) as u64)
-                .collect(),
+            (0..n).map(|_| 2f64.powf(rng.unit() * 39.0) as u64).collect(),
         ));
         d.push((
             "near 2^40",
-            (0..n)
-                .map(|_| (1u64 << 40) - 1 - rng.below(1 << 36))
-                .collect(),
+            (0..n).map(|_| (1u64 << 40) - 1 - rng.below(1 << 36)).collect(),
         ));
         d.push((
             "log-uniform to 2^46 (clamped tail)",
-            (0..n)
-                .map(|_| 2f64.powf(rng.unit() * 46.0) as u64)
-                .collect(),
+            (0..n).map(|_| 2f64.powf(rng.unit() * 46.0) as u64).collect(),
         ));
         d.push(("u64::MAX mixed", {
             let mut v: Vec<u64> = (0..n).map(|_| rng.below(1000) + 1).collect();
@@ -1312,10 +1286,7 @@ mod tests {
             let rep = LatencyHistogram::bucket_representative(LatencyHistogram::bucket_index(v));
             let err = rep.abs_diff(v) as f64 / v as f64;
             worst = worst.max(err);
-            assert!(
-                err < LatencyHistogram::MAX_RELATIVE_ERROR,
-                "v={v} rep={rep}"
-            );
+            assert!(err < LatencyHistogram::MAX_RELATIVE_ERROR, "v={v} rep={rep}");
         };
         for v in 1..300_000 {
             check(v);
@@ -1339,10 +1310,7 @@ mod tests {
         for (name, values) in distributions() {
             worst = worst.max(check_against_exact(name, &values));
         }
-        eprintln!(
-            "overall worst quantile relative error {:.4}%",
-            worst * 100.0
-        );
+        eprintln!("overall worst quantile relative error {:.4}%", worst * 100.0);
         assert!(worst < LatencyHistogram::MAX_RELATIVE_ERROR);
     }
 
@@ -1393,9 +1361,7 @@ mod tests {
     fn merge_equals_union() {
         let mut rng = Rng(42);
         let a: Vec<u64> = (0..50_000).map(|_| rng.below(1 << 20)).collect();
-        let b: Vec<u64> = (0..30_000)
-            .map(|_| (-rng.unit().ln() * 1e6) as u64)
-            .collect();
+        let b: Vec<u64> = (0..30_000).map(|_| (-rng.unit().ln() * 1e6) as u64).collect();
         let (mut ha, mut hb, mut hu) = (
             LatencyHistogram::new(),
             LatencyHistogram::new(),
@@ -1522,9 +1488,8 @@ mod tests {
             compared += 1;
             assert_eq!(ours.count(), hdr.len(), "{name}");
             // hdrhistogram reports min/max as the edges of their buckets.
-            let near = |exact: u64, hdr_value: u64| {
-                exact.abs_diff(hdr_value) as f64 <= exact as f64 * hdr_err
-            };
+            let near =
+                |exact: u64, hdr_value: u64| exact.abs_diff(hdr_value) as f64 <= exact as f64 * hdr_err;
             assert!(near(ours.max(), hdr.max()), "{name}");
             assert!(near(ours.min(), hdr.min()), "{name}");
             for q in QS {
@@ -1721,10 +1686,7 @@ mod tests {
         s.touch(1000);
         s.touch(5000);
         s.touch(3000); // never moves back
-        assert_eq!(
-            (s.first_seen_ns(), s.last_seen_ns()),
-            (Some(1000), Some(5000))
-        );
+        assert_eq!((s.first_seen_ns(), s.last_seen_ns()), (Some(1000), Some(5000)));
         s.add_attributed_drops(3);
         s.add_attributed_drops(4);
         assert_eq!(s.drops_attributed(), 7);
@@ -1735,11 +1697,7 @@ mod tests {
         for _ in 0..n {
             let kind = rng.below(9) as u16; // includes invalid 0 and 8
             let flags = rng.below(4) as u16;
-            let lat = if rng.below(3) == 0 {
-                0
-            } else {
-                rng.below(1 << 24)
-            };
+            let lat = if rng.below(3) == 0 { 0 } else { rng.below(1 << 24) };
             let thread = rng.below(20) as u32;
             s.record(kind, flags, lat, thread);
         }
@@ -1753,10 +1711,7 @@ mod tests {
                 (y.ops(), y.contended(), y.misses())
             );
             assert_eq!(x.latency(), y.latency(), "kind {k}");
-            assert_eq!(
-                x.max_latency().map(|m| m.ticks),
-                y.max_latency().map(|m| m.ticks)
-            );
+            assert_eq!(x.max_latency().map(|m| m.ticks), y.max_latency().map(|m| m.ticks));
             assert_eq!(x.thread_ids(), y.thread_ids());
             assert_eq!(x.distinct_threads(), y.distinct_threads());
         }
@@ -1768,11 +1723,7 @@ mod tests {
 
     #[test]
     fn instance_merge_equals_union() {
-        let (mut a, mut b, mut u) = (
-            InstanceStats::new(),
-            InstanceStats::new(),
-            InstanceStats::new(),
-        );
+        let (mut a, mut b, mut u) = (InstanceStats::new(), InstanceStats::new(), InstanceStats::new());
         let mut rng = Rng(11);
         feed(&mut a, &mut rng, 20_000);
         a.touch(2000);
@@ -1871,8 +1822,7 @@ mod tests {
         let q = r.op(1).unwrap().latency.unwrap();
         assert_eq!(
             q.p50,
-            LatencyHistogram::bucket_representative(LatencyHistogram::bucket_index(200))
-                .clamp(100, 200)
+            LatencyHistogram::bucket_representative(LatencyHistogram::bucket_index(200)).clamp(100, 200)
         );
         assert_eq!(q.max, 200, "new max in window is exact");
         assert_eq!(r.latency.unwrap().max, 200);

@@ -38,3 +38,44 @@ impl<T> UnsafeCell<T> {
         f(self.0.get())
     }
 }
+
+/// A load by the *only writer* of an atomic, of a value it stored itself.
+///
+/// In a normal build this is a `Relaxed` load (a plain `mov`). Under loom it
+/// is `unsync_load`, which tells the model checker the access cannot race a
+/// store. Besides being precise, that matters: loom's exploration computes
+/// backtracking points from the last access to an atomic, and a writer's
+/// own atomic load there hides the other side's accesses from it (a model
+/// with producer `tail.load` + `tail.store` and consumer `tail.load`
+/// completes in one iteration).
+pub(crate) trait OwnerLoad {
+    /// The value type.
+    type Value;
+    /// See the trait docs.
+    fn owner_load(&self) -> Self::Value;
+}
+
+macro_rules! owner_load {
+    ($atomic:ty, $value:ty) => {
+        impl OwnerLoad for $atomic {
+            type Value = $value;
+
+            #[inline(always)]
+            fn owner_load(&self) -> $value {
+                #[cfg(not(loom))]
+                {
+                    self.load(Ordering::Relaxed)
+                }
+                #[cfg(loom)]
+                // SAFETY: callers only use this on atomics that no other
+                // thread stores to (the single-writer fields of the ring).
+                unsafe {
+                    self.unsync_load()
+                }
+            }
+        }
+    };
+}
+
+owner_load!(AtomicU32, u32);
+owner_load!(AtomicU64, u64);
