@@ -1,1 +1,78 @@
-fn main() {}
+//! `cargo xtask`: the project's automation, in Rust so it runs wherever
+//! cargo does.
+//!
+//! * `ci`    — everything CI checks: formatting, clippy with warnings as
+//!   errors, the whole test suite, and the loom models.
+//! * `bench` — the comparative benchmarks, summarised as one table.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod bench;
+
+#[derive(Parser)]
+#[command(about = "subetha project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Format check, clippy -D warnings, all tests, loom models.
+    Ci,
+    /// Run the comparative benchmarks and print one table with ratios.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Task::Ci => ci(),
+        Task::Bench(args) => bench::run(&args),
+    }
+}
+
+fn ci() -> Result<()> {
+    cargo(&["fmt", "--all", "--check"], &[])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])?;
+    cargo(&["test", "--workspace", "--all-targets"], &[])?;
+    cargo(&["test", "--workspace", "--doc"], &[])?;
+    // loom: model-check the ring under every interleaving it allows. A
+    // separate target dir keeps the cfg from invalidating the normal build.
+    let loom = [("RUSTFLAGS", "--cfg loom"), ("LOOM_MAX_PREEMPTIONS", "3")];
+    cargo(
+        &["clippy", "-p", "subetha-core", "--lib", "--tests", "--target-dir", "target/loom", "--", "-D", "warnings"],
+        &loom,
+    )?;
+    cargo(
+        &["test", "-p", "subetha-core", "--lib", "--release", "--target-dir", "target/loom", "loom"],
+        &loom,
+    )?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// Runs `cargo <args>` from the workspace root with extra environment.
+pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("running {cargo}"))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
