@@ -247,10 +247,17 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
     /// Takes `view`'s consumer lease and prepares to drain it.
     pub fn attach(view: V) -> Result<Self, LeaseBusy> {
         let lease = ConsumerLease::acquire(view.as_ref())?;
+        Ok(Self::with_lease(view, Some(lease)))
+    }
+
+    /// A drainer for `view` that drains only while it holds `lease` (which
+    /// may come later: [`try_acquire`](Self::try_acquire),
+    /// [`set_lease`](Self::set_lease)).
+    pub fn with_lease(view: V, lease: Option<ConsumerLease>) -> Self {
         let calibration = view.as_ref().layout().calibration;
-        Ok(Self {
+        Self {
             view,
-            lease: Some(lease),
+            lease,
             calibration,
             instances: Vec::new(),
             retired: VecDeque::new(),
@@ -259,7 +266,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             next_episode_seq: 1,
             totals: DrainTotals::default(),
             batch: Box::new([Observation::ZERO; BATCH]),
-        })
+        }
     }
 
     /// The segment.
@@ -267,11 +274,54 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         self.view.as_ref()
     }
 
-    /// Whether this drainer still holds the lease. A drainer that lost it
-    /// (the word was overwritten) stops draining: [`scan`](Self::scan)
-    /// returns an empty report.
+    /// Whether this drainer holds the lease now. A drainer that does not
+    /// (never had it, handed it over, or a peer overwrote the word) does not
+    /// drain: [`scan`](Self::scan) returns an empty report.
     pub fn holds_lease(&self) -> bool {
         self.lease.as_ref().is_some_and(|l| l.is_held(self.view.as_ref()))
+    }
+
+    /// Takes the lease if it is vacant or its holder died; true if held now.
+    pub fn try_acquire(&mut self) -> bool {
+        if self.holds_lease() {
+            return true;
+        }
+        match ConsumerLease::acquire(self.view.as_ref()) {
+            Ok(lease) => {
+                self.lease = Some(lease);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Installs a lease obtained elsewhere (e.g. a granted takeover).
+    pub fn set_lease(&mut self, lease: ConsumerLease) {
+        self.lease = Some(lease);
+    }
+
+    /// If a live party asked for the lease, hands it over (call between
+    /// scans) and returns its pid.
+    pub fn hand_over_if_requested(&mut self) -> Option<u32> {
+        let lease = self.lease.take()?;
+        let Some(to) = lease.pending_request(self.view.as_ref()) else {
+            self.lease = Some(lease);
+            return None;
+        };
+        match lease.hand_over(self.view.as_ref(), to) {
+            Ok(()) => Some(crate::lease::word_pid(to)),
+            Err(lease) => {
+                self.lease = Some(lease);
+                None
+            }
+        }
+    }
+
+    /// Gives the lease back (word 0) if held.
+    pub fn release_lease(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.release(self.view.as_ref());
+        }
     }
 
     /// Runs one scan; see the [module docs](self).
@@ -589,9 +639,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
     /// Gives the lease back and returns what was accumulated.
     pub fn detach(mut self) -> (Vec<InstanceRecord>, DrainTotals) {
-        if let Some(lease) = self.lease.take() {
-            lease.release(self.view.as_ref());
-        }
+        self.release_lease();
         let records = self.instances.drain(..).flatten().map(|t| t.record).collect();
         (records, self.totals)
     }
@@ -599,9 +647,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
 impl<V: AsRef<SegmentView>> Drop for Drainer<V> {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.release(self.view.as_ref());
-        }
+        self.release_lease();
     }
 }
 

@@ -12,9 +12,15 @@
 //! evaluates policies every `policy_interval` (default 10 ms): a policy's
 //! verdict is written into the instance's policy word, which the primitive
 //! reads on its own schedule.
+//!
+//! In `Auto` mode the sidecar answers an agent's takeover request between
+//! two scans (see [`crate::lease`]) and then waits in standby, checking every
+//! `standby_interval` whether the lease came back (the agent stopped) or its
+//! holder died, and resumes draining if so. In `Always` mode it ignores
+//! takeover requests.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -84,7 +90,11 @@ pub(crate) fn on_process_segment_created(segment: &'static Segment) {
     if mode == SidecarMode::Off {
         return;
     }
-    match Sidecar::start(segment.view(), SidecarConfig::default()) {
+    let config = SidecarConfig {
+        yield_to_agent: mode == SidecarMode::Auto,
+        ..SidecarConfig::default()
+    };
+    match Sidecar::start(segment.view(), config) {
         Ok(sidecar) => {
             let leaked = Box::into_raw(Box::new(sidecar));
             if GLOBAL
@@ -125,13 +135,18 @@ pub trait Policy: Send + 'static {
     fn decide(&mut self, stats: &InstanceStats, current: u32) -> Option<u32>;
 }
 
-/// Sidecar timing.
+/// Sidecar timing and behaviour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidecarConfig {
     /// Pause between scans.
     pub interval: Duration,
     /// Pause between policy evaluations.
     pub policy_interval: Duration,
+    /// Pause between lease checks while another consumer drains.
+    pub standby_interval: Duration,
+    /// Whether to hand the lease to an agent that asks ([`SidecarMode::Auto`])
+    /// or keep it ([`SidecarMode::Always`]).
+    pub yield_to_agent: bool,
 }
 
 impl Default for SidecarConfig {
@@ -139,6 +154,8 @@ impl Default for SidecarConfig {
         Self {
             interval: Duration::from_micros(200),
             policy_interval: Duration::from_millis(10),
+            standby_interval: Duration::from_millis(5),
+            yield_to_agent: true,
         }
     }
 }
@@ -160,6 +177,10 @@ pub struct Snapshot {
     pub totals: DrainTotals,
     /// The latest scan.
     pub last_scan: ScanReport,
+    /// Whether this consumer holds the lease (false while an agent drains).
+    pub draining: bool,
+    /// Times the lease was handed to an agent.
+    pub handovers: u64,
     /// Observations lost for want of a ring slot.
     pub lost_no_ring: u64,
 }
@@ -178,6 +199,7 @@ struct Shared {
     drainer: Mutex<Drainer<&'static SegmentView>>,
     policies: Mutex<Vec<Box<dyn Policy>>>,
     last_scan: Mutex<ScanReport>,
+    handovers: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -202,6 +224,7 @@ impl Sidecar {
             drainer: Mutex::new(drainer),
             policies: Mutex::new(Vec::new()),
             last_scan: Mutex::new(ScanReport::default()),
+            handovers: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let thread = std::thread::Builder::new()
@@ -245,6 +268,8 @@ impl Sidecar {
             episodes: drainer.episodes().cloned().collect(),
             totals: drainer.totals(),
             last_scan: *self.shared.last_scan.lock(),
+            draining: drainer.holds_lease(),
+            handovers: self.shared.handovers.load(Ordering::Relaxed),
             lost_no_ring: drainer.view().live().lost_no_ring.load(Ordering::Relaxed),
         }
     }
@@ -274,7 +299,20 @@ pub enum SidecarError {
 fn run(shared: &Shared, config: SidecarConfig) {
     let mut next_policy = clock::monotonic_ns();
     while !shared.stop.load(Ordering::Acquire) {
-        let report = shared.drainer.lock().scan();
+        let mut drainer = shared.drainer.lock();
+        if !drainer.holds_lease() && !drainer.try_acquire() {
+            // Another consumer (an agent) drains; wait for it to hand back
+            // or die.
+            drop(drainer);
+            std::thread::park_timeout(config.standby_interval);
+            continue;
+        }
+        let report = drainer.scan();
+        // Between scans is the only place the lease changes hands.
+        if config.yield_to_agent && drainer.hand_over_if_requested().is_some() {
+            shared.handovers.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(drainer);
         *shared.last_scan.lock() = report;
         if report.started_mono_ns >= next_policy {
             apply_policies(shared);
@@ -282,9 +320,14 @@ fn run(shared: &Shared, config: SidecarConfig) {
         }
         std::thread::park_timeout(config.interval);
     }
-    // Final drain so nothing pushed before the stop is left behind.
-    let report = shared.drainer.lock().scan();
-    *shared.last_scan.lock() = report;
+    // Final drain so nothing pushed before the stop is left behind, then
+    // give the lease back.
+    let mut drainer = shared.drainer.lock();
+    if drainer.holds_lease() {
+        let report = drainer.scan();
+        *shared.last_scan.lock() = report;
+    }
+    drainer.release_lease();
 }
 
 fn apply_policies(shared: &Shared) {
@@ -293,6 +336,9 @@ fn apply_policies(shared: &Shared) {
         return;
     }
     let drainer = shared.drainer.lock();
+    if !drainer.holds_lease() {
+        return; // the consumer that drains decides
+    }
     let mut updates = Vec::new();
     for record in drainer.instances() {
         let Some(current) = drainer.policy(record.meta.id) else {
