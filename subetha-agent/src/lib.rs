@@ -1,7 +1,20 @@
-//! The subetha agent: finds instrumented processes, takes their segments'
-//! consumer role and serves what their primitives do.
+//! # subetha-agent
 //!
-//! Not built out yet (see the agent issue); today it only re-exports the
-//! core pipeline it will drive.
+//! The operator's side of subetha: a host agent that finds every process
+//! linking subetha-core, takes over draining its rings (the application's
+//! sidecar hands over and takes back when the agent goes away), and tells
+//! operators what their primitives do and where observations were lost.
+//!
+//! * [`discovery`] — finding segments in `/proc` and opening them safely.
+//! * [`agent`] — the scan thread: attach, drain, exits, storms.
+//! * [`model`] — the serialisable picture every output is rendered from.
+//! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
 
-pub use subetha_core as core;
+pub mod agent;
+pub mod client;
+pub mod discovery;
+pub mod doctor;
+pub mod model;
+
+pub use agent::{Agent, AgentConfig, AgentHandle};
+pub use model::AgentSnapshot;

@@ -160,7 +160,7 @@ pub struct DropEpisode {
     /// Instance of the first dropped observation.
     pub first_instance: u32,
     /// Episodes folded into this record because several began between two
-    /// scans (the record describes the latest).
+    /// scans: `dropped` counts all of them, the times are the latest's.
     pub merged: u32,
     begin_dropped: u64,
 }
@@ -272,6 +272,11 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
     /// The segment.
     pub fn view(&self) -> &SegmentView {
         self.view.as_ref()
+    }
+
+    /// The handle the drainer was built with (e.g. an `Arc<SegmentView>`).
+    pub fn view_handle(&self) -> &V {
+        &self.view
     }
 
     /// Whether this drainer holds the lease now. A drainer that does not
@@ -502,8 +507,11 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         let counters = slot.ring.producer_counters();
         let record = &mut self.rings[index as usize];
         record.slot_dropped_total = counters.dropped;
-        let new_drops = counters.dropped.saturating_sub(record.dropped_seen);
+        let previously_seen = record.dropped_seen;
+        let new_drops = counters.dropped.saturating_sub(previously_seen);
         record.dropped_seen = counters.dropped;
+        // Drops before this point are covered by earlier episode records.
+        let mut accounted_until = previously_seen;
         let begun = counters.episodes.wrapping_sub(record.episodes_seen);
         record.episodes_seen = counters.episodes;
         if new_drops == 0 && begun == 0 && record.open_episode.is_none() {
@@ -528,6 +536,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                     episode.dropped = counters
                         .episode_begin_dropped
                         .saturating_sub(episode.begin_dropped);
+                    accounted_until = counters.episode_begin_dropped;
                 } else {
                     episode.dropped = counters.dropped.saturating_sub(episode.begin_dropped);
                     if !counters.in_episode {
@@ -552,10 +561,12 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                 begin_mono_ns: to_mono(counters.episode_begin_ticks),
                 end_mono_ns: (!counters.in_episode).then(|| to_mono(counters.episode_end_ticks)),
                 end_estimated: false,
-                dropped: counters.dropped.saturating_sub(counters.episode_begin_dropped),
+                // Covers every drop not in an earlier record, so that merged
+                // episodes' drops are counted here.
+                dropped: counters.dropped.saturating_sub(accounted_until),
                 first_instance: counters.episode_first_instance,
                 merged: begun - 1,
-                begin_dropped: counters.episode_begin_dropped,
+                begin_dropped: accounted_until,
             };
             if episode.end_mono_ns.is_none() {
                 record.open_episode = Some(seq);

@@ -1,0 +1,626 @@
+//! The agent's scan thread: discovery, attachment, draining, storms.
+//!
+//! One dedicated OS thread ([`Agent::spawn`]) does all the work, because
+//! draining is CPU work with a latency budget, not async work: it
+//! rediscovers processes every `discovery_interval`, takes their segments'
+//! consumer lease (asking an application's sidecar to hand over), drains
+//! every attached segment through the core [`Drainer`], notices process
+//! exits through pidfds (draining what the process left in its rings before
+//! forgetting it after `retention`), turns drop episodes into storms and
+//! publishes an [`AgentSnapshot`] every `publish_interval` for the HTTP
+//! server, the exporters and the CLI.
+//!
+//! The scan interval adapts: it halves (down to `min_scan_interval`) when a
+//! ring was found more than half full and grows by half (up to
+//! `max_scan_interval`) when every ring was below an eighth.
+//!
+//! Stopping ([`AgentHandle::stop`]) drains once more and hands every lease
+//! back, so the applications' sidecars resume.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use subetha_core::clock;
+use subetha_core::drain::Drainer;
+use subetha_core::lease::{TakeoverRequest, word_pid};
+use subetha_core::segment::SegmentView;
+use subetha_core::stats::LatencyHistogram;
+use subetha_core::{ObservationRing, ScanReport};
+
+use crate::discovery::{self, Candidate};
+use crate::model::{
+    AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
+    StormReport,
+};
+
+/// How the agent behaves.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Only these pids (None: every process we may inspect).
+    pub pids: Option<Vec<u32>>,
+    /// Pause between `/proc` scans.
+    pub discovery_interval: Duration,
+    /// Shortest pause between scans.
+    pub min_scan_interval: Duration,
+    /// Longest pause between scans.
+    pub max_scan_interval: Duration,
+    /// How often a snapshot is published.
+    pub publish_interval: Duration,
+    /// How long an exited process's final stats are kept.
+    pub retention: Duration,
+    /// How long to wait for a sidecar to hand its lease over.
+    pub takeover_timeout: Duration,
+    /// Storms kept.
+    pub storm_history: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            pids: None,
+            discovery_interval: Duration::from_secs(1),
+            min_scan_interval: Duration::from_micros(100),
+            max_scan_interval: Duration::from_millis(10),
+            publish_interval: Duration::from_millis(250),
+            retention: Duration::from_secs(600),
+            takeover_timeout: Duration::from_secs(2),
+            storm_history: 1024,
+        }
+    }
+}
+
+/// Scans kept for finding the gaps that overlap a storm.
+const SCAN_HISTORY: usize = 1 << 16;
+/// Refused segments remembered (one error log each).
+const REFUSED_HISTORY: usize = 256;
+
+enum Lease {
+    /// We drain.
+    Held,
+    /// Asked the holder to hand over.
+    Requested(TakeoverRequest, Instant),
+    /// Someone else drains; retry at the given time.
+    Waiting(String, Instant),
+}
+
+struct Tracked {
+    candidate: Candidate,
+    pid: u32,
+    uid: u32,
+    comm: String,
+    pidfd: OwnedFd,
+    drainer: Drainer<Arc<SegmentView>>,
+    lease: Lease,
+    attached_mono_ns: u64,
+    exited: Option<(u64, Instant)>,
+    /// Highest drop-episode seq already turned into a storm, and storm ids
+    /// of open episodes by episode seq.
+    last_episode_seq: u64,
+    open_storms: HashMap<u64, u64>,
+}
+
+struct State {
+    config: AgentConfig,
+    tracked: Vec<Tracked>,
+    refused: VecDeque<RefusedSegment>,
+    refused_keys: HashSet<(u32, u64)>,
+    storms: VecDeque<StormReport>,
+    next_storm_id: u64,
+    scans: VecDeque<(u64, u64)>,
+    scan_durations: LatencyHistogram,
+    scan_gaps: LatencyHistogram,
+    scan_count: u64,
+    interval: Duration,
+    last_scan_end: Option<u64>,
+}
+
+/// The agent's scan engine (not yet running).
+pub struct Agent {
+    state: State,
+}
+
+/// A running agent.
+pub struct AgentHandle {
+    latest: Arc<Mutex<Arc<AgentSnapshot>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<AgentSnapshot>>,
+}
+
+impl Agent {
+    /// An agent with `config`.
+    pub fn new(config: AgentConfig) -> Self {
+        let interval = config.min_scan_interval.max(Duration::from_millis(1)).min(config.max_scan_interval);
+        Self {
+            state: State {
+                config,
+                tracked: Vec::new(),
+                refused: VecDeque::new(),
+                refused_keys: HashSet::new(),
+                storms: VecDeque::new(),
+                next_storm_id: 1,
+                scans: VecDeque::new(),
+                scan_durations: LatencyHistogram::new(),
+                scan_gaps: LatencyHistogram::new(),
+                scan_count: 0,
+                interval,
+                last_scan_end: None,
+            },
+        }
+    }
+
+    /// Starts the scan thread.
+    pub fn spawn(self) -> std::io::Result<AgentHandle> {
+        let latest = Arc::new(Mutex::new(Arc::new(AgentSnapshot::default())));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new().name("subetha-scan".into()).spawn({
+            let latest = Arc::clone(&latest);
+            let stop = Arc::clone(&stop);
+            move || self.run(&latest, &stop)
+        })?;
+        Ok(AgentHandle {
+            latest,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(mut self, latest: &Mutex<Arc<AgentSnapshot>>, stop: &AtomicBool) -> AgentSnapshot {
+        let mut next_discovery = Instant::now();
+        let mut next_publish = Instant::now();
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= next_discovery {
+                self.state.discover();
+                next_discovery = now + self.state.config.discovery_interval;
+            }
+            self.state.scan_all();
+            if now >= next_publish {
+                *latest.lock() = Arc::new(self.state.snapshot());
+                next_publish = now + self.state.config.publish_interval;
+            }
+            std::thread::park_timeout(self.state.interval);
+        }
+        self.state.scan_all();
+        self.state.release_all();
+        let last = self.state.snapshot();
+        *latest.lock() = Arc::new(last.clone());
+        last
+    }
+}
+
+impl AgentHandle {
+    /// The latest published snapshot.
+    pub fn snapshot(&self) -> Arc<AgentSnapshot> {
+        Arc::clone(&self.latest.lock())
+    }
+
+    /// Stops the scan thread: a final drain, leases handed back. Returns the
+    /// final snapshot.
+    pub fn stop(mut self) -> AgentSnapshot {
+        self.stop_inner().unwrap_or_default()
+    }
+
+    fn stop_inner(&mut self) -> Option<AgentSnapshot> {
+        self.stop.store(true, Ordering::Release);
+        let thread = self.thread.take()?;
+        thread.thread().unpark();
+        thread.join().ok()
+    }
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
+
+impl State {
+    fn discover(&mut self) {
+        let candidates = discovery::scan_proc(self.config.pids.as_deref());
+        for candidate in candidates {
+            let known = self
+                .tracked
+                .iter()
+                .any(|t| t.candidate.pid == candidate.pid && t.candidate.inode == candidate.inode);
+            if known || self.refused_keys.contains(&(candidate.pid, candidate.inode)) {
+                continue;
+            }
+            // Another descriptor on a segment we already track (dup'ed fd).
+            if self.tracked.iter().any(|t| t.pid == candidate.pid && t.exited.is_none()) {
+                continue;
+            }
+            match discovery::open_segment(&candidate) {
+                Ok(opened) => self.attach(candidate, opened),
+                Err(discovery::AttachError::Gone(_)) => {}
+                Err(error) => self.refuse(&candidate, error.to_string()),
+            }
+        }
+    }
+
+    fn refuse(&mut self, candidate: &Candidate, reason: String) {
+        tracing::error!(
+            pid = candidate.pid,
+            path = %candidate.path().display(),
+            %reason,
+            "refusing subetha segment"
+        );
+        self.refused_keys.insert((candidate.pid, candidate.inode));
+        if self.refused.len() == REFUSED_HISTORY {
+            self.refused.pop_front();
+        }
+        self.refused.push_back(RefusedSegment {
+            pid: candidate.pid,
+            path: candidate.path().display().to_string(),
+            reason,
+            at_mono_ns: clock::monotonic_ns(),
+        });
+    }
+
+    fn attach(&mut self, candidate: Candidate, opened: discovery::OpenedSegment) {
+        let view = Arc::new(opened.view);
+        let drainer = Drainer::with_lease(Arc::clone(&view), None);
+        let mut tracked = Tracked {
+            candidate,
+            pid: opened.pid,
+            uid: opened.uid,
+            comm: opened.comm,
+            pidfd: opened.pidfd,
+            drainer,
+            lease: Lease::Waiting(String::new(), Instant::now()),
+            attached_mono_ns: clock::monotonic_ns(),
+            exited: None,
+            last_episode_seq: 0,
+            open_storms: HashMap::new(),
+        };
+        tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
+        tracked.try_take_lease(self.config.takeover_timeout);
+        self.tracked.push(tracked);
+    }
+
+    fn scan_all(&mut self) {
+        let started = clock::monotonic_ns();
+        if let Some(end) = self.last_scan_end {
+            self.scan_gaps.record(started.saturating_sub(end));
+        }
+        let mut max_fill = 0u32;
+        let mut reports: Vec<(usize, ScanReport)> = Vec::new();
+        for (index, tracked) in self.tracked.iter_mut().enumerate() {
+            if tracked.exited.is_some() {
+                continue;
+            }
+            tracked.try_take_lease(self.config.takeover_timeout);
+            let exited = discovery::has_exited(&tracked.pidfd);
+            if !matches!(tracked.lease, Lease::Held) {
+                if exited {
+                    // Nobody drains a dead process's leftovers but us: its
+                    // sidecar died with it, so the lease is free to take.
+                    tracked.try_take_lease(Duration::ZERO);
+                }
+                if !matches!(tracked.lease, Lease::Held) {
+                    if exited {
+                        tracked.exited = Some((clock::monotonic_ns(), Instant::now()));
+                    }
+                    continue;
+                }
+            }
+            let report = tracked.drainer.scan();
+            max_fill = max_fill.max(report.max_fill);
+            reports.push((index, report));
+            if exited {
+                // Final drain: the process is gone, its rings hold the rest.
+                for _ in 0..64 {
+                    let report = tracked.drainer.scan();
+                    if report.drained == 0 {
+                        break;
+                    }
+                }
+                tracked.exited = Some((clock::monotonic_ns(), Instant::now()));
+                tracing::info!(pid = tracked.pid, "process exited; final stats kept");
+            }
+        }
+        let ended = clock::monotonic_ns();
+        self.scan_durations.record(ended.saturating_sub(started));
+        self.scan_count += 1;
+        self.last_scan_end = Some(ended);
+        if self.scans.len() == SCAN_HISTORY {
+            self.scans.pop_front();
+        }
+        self.scans.push_back((started, ended));
+        for index in 0..self.tracked.len() {
+            self.update_storms(index);
+        }
+        self.adapt_interval(max_fill);
+        self.expire();
+        let _ = reports;
+    }
+
+    fn adapt_interval(&mut self, max_fill: u32) {
+        let capacity = ObservationRing::CAPACITY as u32;
+        let interval = if max_fill > capacity / 2 {
+            self.interval / 2
+        } else if max_fill < capacity / 8 {
+            self.interval + self.interval / 2
+        } else {
+            self.interval
+        };
+        self.interval = interval.clamp(self.config.min_scan_interval, self.config.max_scan_interval);
+    }
+
+    fn expire(&mut self) {
+        let retention = self.config.retention;
+        self.tracked.retain(|t| match t.exited {
+            Some((_, at)) => at.elapsed() < retention,
+            None => true,
+        });
+    }
+
+    fn update_storms(&mut self, index: usize) {
+        let tracked = &mut self.tracked[index];
+        let instance_name = |id: u32| {
+            tracked
+                .drainer
+                .instances()
+                .chain(tracked.drainer.retired())
+                .find(|r| r.meta.id == id)
+                .map(|r| r.meta.name.clone())
+        };
+        let mut new = Vec::new();
+        let mut updates = Vec::new();
+        for episode in tracked.drainer.episodes() {
+            if episode.seq > tracked.last_episode_seq {
+                new.push((episode.clone(), instance_name(episode.first_instance)));
+            } else if let Some(&storm_id) = tracked.open_storms.get(&episode.seq) {
+                updates.push((storm_id, episode.clone()));
+            }
+        }
+        for (storm_id, episode) in updates {
+            let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
+            if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id) {
+                storm.end_mono_ns = episode.end_mono_ns;
+                storm.end_estimated = episode.end_estimated;
+                storm.dropped = episode.dropped;
+                storm.duration_ns = episode
+                    .end_mono_ns
+                    .unwrap_or_else(clock::monotonic_ns)
+                    .saturating_sub(episode.begin_mono_ns);
+                storm.max_scan_gap_ns = gaps.first().map_or(0, |g| g.end_mono_ns - g.begin_mono_ns);
+                storm.scan_gaps = gaps;
+            }
+            if episode.end_mono_ns.is_some() {
+                tracked.open_storms.remove(&episode.seq);
+            }
+        }
+        for (episode, first_instance) in new {
+            tracked.last_episode_seq = episode.seq;
+            let id = self.next_storm_id;
+            self.next_storm_id += 1;
+            let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
+            if episode.end_mono_ns.is_none() {
+                tracked.open_storms.insert(episode.seq, id);
+            }
+            let storm = StormReport {
+                id,
+                pid: tracked.pid,
+                comm: tracked.comm.clone(),
+                slot: episode.slot,
+                tid: episode.os_tid,
+                thread_name: episode.thread_name.clone(),
+                begin_mono_ns: episode.begin_mono_ns,
+                end_mono_ns: episode.end_mono_ns,
+                end_estimated: episode.end_estimated,
+                duration_ns: episode
+                    .end_mono_ns
+                    .unwrap_or_else(clock::monotonic_ns)
+                    .saturating_sub(episode.begin_mono_ns),
+                dropped: episode.dropped,
+                first_instance_id: episode.first_instance,
+                first_instance,
+                merged: episode.merged,
+                max_scan_gap_ns: gaps.first().map_or(0, |g| g.end_mono_ns - g.begin_mono_ns),
+                scan_gaps: gaps,
+                cause: None,
+            };
+            tracing::warn!(
+                storm = id,
+                pid = storm.pid,
+                tid = storm.tid,
+                thread = %storm.thread_name,
+                dropped = storm.dropped,
+                "drop storm"
+            );
+            if self.storms.len() == self.config.storm_history {
+                self.storms.pop_front();
+            }
+            self.storms.push_back(storm);
+        }
+    }
+
+    fn release_all(&mut self) {
+        for tracked in &mut self.tracked {
+            tracked.drainer.release_lease();
+            if let Lease::Requested(request, _) = std::mem::replace(&mut tracked.lease, Lease::Waiting(String::new(), Instant::now())) {
+                // Withdraw by waiting zero time.
+                let _ = request.wait(tracked.drainer.view(), Duration::ZERO).map(|lease| lease.release(tracked.drainer.view()));
+            }
+        }
+    }
+
+    fn snapshot(&self) -> AgentSnapshot {
+        let now = clock::monotonic_ns();
+        AgentSnapshot {
+            agent: AgentInfo {
+                pid: std::process::id(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                taken_mono_ns: now,
+                taken_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                scans: self.scan_count,
+                scan_interval_us: self.interval.as_micros() as u64,
+                scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
+                scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
+                probes: "off".into(),
+            },
+            processes: self.tracked.iter().map(Tracked::report).collect(),
+            storms: self.storms.iter().cloned().collect(),
+            refused: self.refused.iter().cloned().collect(),
+        }
+    }
+}
+
+impl Tracked {
+    fn try_take_lease(&mut self, timeout: Duration) {
+        let view = Arc::clone(self.drainer_view());
+        match std::mem::replace(&mut self.lease, Lease::Held) {
+            Lease::Held => {
+                if !self.drainer.holds_lease() {
+                    self.lease = Lease::Waiting("lease lost".into(), Instant::now());
+                }
+            }
+            Lease::Requested(request, since) => match request.poll(&view) {
+                Some(lease) => {
+                    self.drainer.set_lease(lease);
+                    tracing::info!(pid = self.pid, "sidecar handed the lease over");
+                }
+                None if since.elapsed() >= timeout => {
+                    let holder = word_pid(view.live().consumer.load(Ordering::Acquire));
+                    let note = match request.wait(&view, Duration::ZERO) {
+                        Ok(lease) => {
+                            self.drainer.set_lease(lease);
+                            return;
+                        }
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::warn!(pid = self.pid, holder, %note, "takeover not granted; will retry");
+                    self.lease = Lease::Waiting(note, Instant::now() + Duration::from_secs(10));
+                }
+                None => self.lease = Lease::Requested(request, since),
+            },
+            Lease::Waiting(note, retry_at) => {
+                if Instant::now() < retry_at {
+                    self.lease = Lease::Waiting(note, retry_at);
+                    return;
+                }
+                // An application that chose `always` keeps draining itself.
+                let mode = view.live().sidecar_mode.load(Ordering::Relaxed);
+                let holder = view.live().consumer.load(Ordering::Acquire);
+                if mode == 2 && holder != 0 {
+                    self.lease = Lease::Waiting(
+                        "application drains itself (SUBETHA_SIDECAR=always)".into(),
+                        Instant::now() + Duration::from_secs(10),
+                    );
+                    return;
+                }
+                match TakeoverRequest::raise(&view) {
+                    Ok(Ok(lease)) => self.drainer.set_lease(lease),
+                    Ok(Err(request)) => {
+                        self.lease = Lease::Requested(request, Instant::now());
+                        if timeout.is_zero() {
+                            self.try_take_lease(timeout);
+                        }
+                    }
+                    Err(e) => {
+                        self.lease = Lease::Waiting(e.to_string(), Instant::now() + Duration::from_secs(1));
+                    }
+                }
+            }
+        }
+    }
+
+    fn drainer_view(&self) -> &Arc<SegmentView> {
+        // The drainer owns an Arc of the view; keep a second handle for the
+        // lease calls without borrowing the drainer mutably.
+        self.drainer.view_handle()
+    }
+
+    fn report(&self) -> ProcessReport {
+        let view = self.drainer.view();
+        let calibration = view.layout().calibration;
+        let rings: Vec<RingReport> = self.drainer.rings().iter().map(RingReport::from_record).collect();
+        let mut instances: Vec<InstanceReport> = self
+            .drainer
+            .instances()
+            .map(|r| {
+                let policy = self.drainer.policy(r.meta.id).unwrap_or(0);
+                InstanceReport::from_record(r, false, policy, &calibration)
+            })
+            .collect();
+        instances.extend(
+            self.drainer
+                .retired()
+                .map(|r| InstanceReport::from_record(r, true, 0, &calibration)),
+        );
+        let (state, note) = match (&self.exited, &self.lease) {
+            (Some(_), _) => ("exited", None),
+            (None, Lease::Held) => ("attached", None),
+            (None, Lease::Requested(..)) => ("waiting", Some("takeover requested".to_string())),
+            (None, Lease::Waiting(note, _)) => ("waiting", Some(note.clone()).filter(|n| !n.is_empty())),
+        };
+        ProcessReport {
+            pid: self.pid,
+            comm: self.comm.clone(),
+            uid: self.uid,
+            state: state.into(),
+            note,
+            attached_mono_ns: self.attached_mono_ns,
+            exited_mono_ns: self.exited.map(|(ns, _)| ns),
+            segment_bytes: view.layout().total_size,
+            segment_resident_bytes: view.resident_bytes().unwrap_or(0) as u64,
+            lost_no_ring: view.live().lost_no_ring.load(Ordering::Relaxed),
+            unattributed: self.drainer.totals().unattributed,
+            drained: rings.iter().map(|r| r.drained).sum(),
+            dropped: rings.iter().map(|r| r.dropped).sum(),
+            rings,
+            instances,
+        }
+    }
+}
+
+/// Scan gaps overlapping `[begin, end]` (end None: until now), longest
+/// first, at most 8. Walks the history backwards and stops at the first scan
+/// that ended before `begin`, so an update costs the storm's length in scans,
+/// not the whole history.
+fn overlapping_gaps(scans: &VecDeque<(u64, u64)>, begin: u64, end: Option<u64>) -> Vec<ScanGap> {
+    let end = end.unwrap_or(u64::MAX);
+    let mut gaps = Vec::new();
+    let mut later_start: Option<u64> = None;
+    for &(start, finish) in scans.iter().rev() {
+        if let Some(next_start) = later_start {
+            let gap = ScanGap {
+                begin_mono_ns: finish,
+                end_mono_ns: next_start,
+            };
+            if gap.end_mono_ns >= begin && gap.begin_mono_ns <= end {
+                gaps.push(gap);
+            }
+        }
+        if finish < begin {
+            break;
+        }
+        later_start = Some(start);
+    }
+    gaps.sort_by_key(|g| std::cmp::Reverse(g.end_mono_ns.saturating_sub(g.begin_mono_ns)));
+    gaps.truncate(8);
+    gaps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_overlapping_a_window_longest_first() {
+        let scans: VecDeque<(u64, u64)> = [(0, 10), (20, 30), (100, 110), (115, 120), (300, 310)].into();
+        let gaps = overlapping_gaps(&scans, 25, Some(116));
+        let spans: Vec<(u64, u64)> = gaps.iter().map(|g| (g.begin_mono_ns, g.end_mono_ns)).collect();
+        assert_eq!(spans, vec![(30, 100), (110, 115)]);
+        let open = overlapping_gaps(&scans, 200, None);
+        assert_eq!(open.len(), 1);
+        assert_eq!((open[0].begin_mono_ns, open[0].end_mono_ns), (120, 300));
+    }
+}

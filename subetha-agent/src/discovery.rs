@@ -1,0 +1,237 @@
+//! Finding instrumented processes and opening their segments safely.
+//!
+//! A segment is a memfd named `subetha`; its owner keeps a descriptor open,
+//! so `/proc/<pid>/fd/<n>` links to `/memfd:subetha (deleted)`. Opening that
+//! path gives the agent its own descriptor on the same file. Before mapping,
+//! [`open_segment`] pins the process with a pidfd (so a pid reused later
+//! cannot be confused with it), checks that the file's owner is the
+//! process's owner, and lets [`SegmentView::map_fd`] validate the header
+//! against the pid, its start time and its uid.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use subetha_core::segment::{Expectations, MEMFD_NAME, SegmentError, SegmentView, process_start_time};
+
+/// A descriptor in some process that looks like a subetha segment.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    /// The process.
+    pub pid: u32,
+    /// The descriptor number in that process.
+    pub fd: u32,
+    /// The inode of the memfd (identifies the segment across scans).
+    pub inode: u64,
+}
+
+impl Candidate {
+    /// `/proc/<pid>/fd/<fd>`.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.fd))
+    }
+}
+
+/// Lists candidate segments in `/proc`, limited to `pids` when given. Our
+/// own process is skipped. Processes we may not inspect are skipped
+/// silently (an unprivileged agent sees only its user's processes).
+pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
+    let own = std::process::id();
+    let mut found = Vec::new();
+    let pid_list: Vec<u32> = match pids {
+        Some(pids) => pids.to_vec(),
+        None => match std::fs::read_dir("/proc") {
+            Ok(dir) => dir
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                .collect(),
+            Err(_) => return found,
+        },
+    };
+    let prefix = format!("/memfd:{MEMFD_NAME}");
+    for pid in pid_list {
+        if pid == own {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for entry in fds.flatten() {
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let target = target.as_os_str().to_string_lossy();
+            // The memfd name is exactly `subetha`: accept "/memfd:subetha" and
+            // "/memfd:subetha (deleted)" but not "/memfd:subetha-other".
+            let rest = target.strip_prefix(prefix.as_str());
+            if !matches!(rest, Some("") | Some(" (deleted)")) {
+                continue;
+            }
+            let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            let inode = std::fs::metadata(entry.path()).map(|m| m.ino()).unwrap_or(0);
+            found.push(Candidate { pid, fd, inode });
+        }
+    }
+    found
+}
+
+/// Why a candidate could not be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The process went away while we looked.
+    #[error("process {0} exited")]
+    Gone(u32),
+    /// We may not open it (not root and not its owner).
+    #[error("permission denied opening {0}")]
+    Permission(String),
+    /// The memfd belongs to another user than the process.
+    #[error("memfd owner uid {file_uid} differs from process uid {process_uid}")]
+    OwnerMismatch {
+        /// The file's uid.
+        file_uid: u32,
+        /// The process's real uid.
+        process_uid: u32,
+    },
+    /// The segment failed validation.
+    #[error(transparent)]
+    Invalid(#[from] SegmentError),
+    /// A system call failed.
+    #[error("{0}: {1}")]
+    Os(&'static str, std::io::Error),
+}
+
+/// An opened, validated segment and the process it belongs to.
+#[derive(Debug)]
+pub struct OpenedSegment {
+    /// The validated mapping.
+    pub view: SegmentView,
+    /// A pidfd on the process: readable once it exits.
+    pub pidfd: OwnedFd,
+    /// Process id.
+    pub pid: u32,
+    /// Its start time (`/proc/<pid>/stat` field 22).
+    pub start_time_ticks: u64,
+    /// Its real uid.
+    pub uid: u32,
+    /// Its command name, sanitised.
+    pub comm: String,
+}
+
+/// Opens and validates a candidate; see the module docs.
+pub fn open_segment(candidate: &Candidate) -> Result<OpenedSegment, AttachError> {
+    let pid = candidate.pid;
+    let pidfd = pidfd_open(pid)?;
+    // Bind the pidfd to the process we inspect: read the start time after
+    // opening it; a pid reused in between would show a different one.
+    let start_time_ticks = process_start_time(pid).ok_or(AttachError::Gone(pid))?;
+    let uid = process_uid(pid).ok_or(AttachError::Gone(pid))?;
+    let path = candidate.path();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => AttachError::Permission(path.display().to_string()),
+            std::io::ErrorKind::NotFound => AttachError::Gone(pid),
+            _ => AttachError::Os("open", e),
+        })?;
+    let file_uid = file.metadata().map_err(|e| AttachError::Os("fstat", e))?.uid();
+    if file_uid != uid {
+        return Err(AttachError::OwnerMismatch {
+            file_uid,
+            process_uid: uid,
+        });
+    }
+    let expect = Expectations {
+        pid: Some(pid),
+        start_time_ticks: Some(start_time_ticks),
+        uid: Some(uid),
+    };
+    let view = SegmentView::map_fd(file.as_fd(), &expect)?;
+    if process_start_time(pid) != Some(start_time_ticks) {
+        return Err(AttachError::Gone(pid));
+    }
+    Ok(OpenedSegment {
+        view,
+        pidfd,
+        pid,
+        start_time_ticks,
+        uid,
+        comm: process_comm(pid),
+    })
+}
+
+/// `pidfd_open(pid, 0)`.
+pub fn pidfd_open(pid: u32) -> Result<OwnedFd, AttachError> {
+    // SAFETY: the pidfd_open system call with a pid and no flags; the result
+    // is checked before use.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if raw < 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(match err.raw_os_error() {
+            Some(libc::ESRCH) => AttachError::Gone(pid),
+            _ => AttachError::Os("pidfd_open", err),
+        });
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// Whether the process behind `pidfd` has exited (non-blocking).
+pub fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+    rc > 0 && poll.revents & libc::POLLIN != 0
+}
+
+/// Real uid of `pid` from `/proc/<pid>/status`.
+pub fn process_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `/proc/<pid>/comm`, sanitised; empty if unreadable.
+pub fn process_comm(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/comm"))
+        .map(|bytes| sanitize(OsStr::new(&String::from_utf8_lossy(&bytes).into_owned())))
+        .unwrap_or_default()
+}
+
+fn sanitize(text: &OsStr) -> String {
+    text.to_string_lossy()
+        .trim_end_matches('\n')
+        .chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_identity() {
+        let pid = std::process::id();
+        // SAFETY: getuid cannot fail.
+        assert_eq!(process_uid(pid), Some(unsafe { libc::getuid() }));
+        assert!(!process_comm(pid).is_empty());
+        let pidfd = pidfd_open(pid).unwrap();
+        assert!(!has_exited(&pidfd));
+        assert!(matches!(pidfd_open(4_194_305), Err(AttachError::Gone(_))));
+    }
+}

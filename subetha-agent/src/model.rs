@@ -1,0 +1,347 @@
+//! What the agent knows, as plain serialisable data.
+//!
+//! The scan thread turns its drainers' state into an [`AgentSnapshot`] a few
+//! times a second; every output — `snapshot --json`, the JSON API, JSON
+//! lines, `/metrics`, `status` — is rendered from such a snapshot, so they
+//! always agree. Times are CLOCK_MONOTONIC nanoseconds (the clock eBPF's
+//! `bpf_ktime_get_ns` reads) unless a field says otherwise; latencies are
+//! nanoseconds converted with the observed process's own TSC calibration.
+
+use serde::{Deserialize, Serialize};
+use subetha_core::clock::Calibration;
+use subetha_core::drain::{InstanceRecord, RingRecord};
+use subetha_core::segment::slot_state;
+use subetha_core::stats::LatencyHistogram;
+
+/// Everything the agent reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentSnapshot {
+    /// About the agent itself.
+    pub agent: AgentInfo,
+    /// Attached (and recently exited) processes.
+    pub processes: Vec<ProcessReport>,
+    /// Drop storms, newest last (bounded history).
+    pub storms: Vec<StormReport>,
+    /// Segments that were found but refused (bad input), newest last.
+    pub refused: Vec<RefusedSegment>,
+}
+
+/// The agent's own state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentInfo {
+    /// Agent pid.
+    pub pid: u32,
+    /// Crate version.
+    pub version: String,
+    /// CLOCK_MONOTONIC ns when the snapshot was taken.
+    pub taken_mono_ns: u64,
+    /// Wall clock (ms since the Unix epoch) when the snapshot was taken.
+    pub taken_unix_ms: u64,
+    /// Scans completed.
+    pub scans: u64,
+    /// Current scan interval (adaptive), µs.
+    pub scan_interval_us: u64,
+    /// Scan duration quantiles, ns.
+    pub scan_duration_ns: Quantiles,
+    /// Gap between consecutive scans (end to next start) quantiles, ns.
+    pub scan_gap_ns: Quantiles,
+    /// Whether eBPF probes are loaded (filled by the probes integration).
+    pub probes: String,
+}
+
+/// p50/p90/p99/p99.9/max, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Quantiles {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Maximum (exact).
+    pub max: u64,
+}
+
+impl Quantiles {
+    /// Quantiles of a histogram of ticks, converted with `calibration`.
+    pub fn from_ticks(histogram: &LatencyHistogram, calibration: &Calibration) -> Self {
+        Self::from_histogram(histogram, |ticks| calibration.ticks_to_ns(ticks))
+    }
+
+    /// Quantiles of a histogram whose values `to_ns` converts.
+    pub fn from_histogram(histogram: &LatencyHistogram, to_ns: impl Fn(u64) -> u64) -> Self {
+        if histogram.is_empty() {
+            return Self::default();
+        }
+        let q = histogram.quantiles();
+        Self {
+            count: histogram.count(),
+            p50: to_ns(q.p50),
+            p90: to_ns(q.p90),
+            p99: to_ns(q.p99),
+            p999: to_ns(q.p999),
+            max: to_ns(q.max),
+        }
+    }
+}
+
+/// One instrumented process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessReport {
+    /// Process id.
+    pub pid: u32,
+    /// Command name (`/proc/<pid>/comm`, sanitised).
+    pub comm: String,
+    /// Owner uid.
+    pub uid: u32,
+    /// `attached` (we drain), `waiting` (another consumer drains; takeover
+    /// pending or refused), or `exited` (kept for the retention period).
+    pub state: String,
+    /// Why we do not drain it, when `state` is `waiting`.
+    pub note: Option<String>,
+    /// CLOCK_MONOTONIC ns when attached.
+    pub attached_mono_ns: u64,
+    /// CLOCK_MONOTONIC ns when the process exit was seen.
+    pub exited_mono_ns: Option<u64>,
+    /// Segment size in bytes and how much of it is resident.
+    pub segment_bytes: u64,
+    /// Resident bytes of the segment (pages touched).
+    pub segment_resident_bytes: u64,
+    /// Observations lost because a thread found no ring slot.
+    pub lost_no_ring: u64,
+    /// Drained observations whose instance id matched no instance.
+    pub unattributed: u64,
+    /// Σ over rings of `drained` (all consumers, all occupants).
+    pub drained: u64,
+    /// Σ over rings of `dropped`.
+    pub dropped: u64,
+    /// Ring slots in use or used.
+    pub rings: Vec<RingReport>,
+    /// Live and retired instances.
+    pub instances: Vec<InstanceReport>,
+}
+
+/// One ring slot.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RingReport {
+    /// Slot index.
+    pub slot: u32,
+    /// `active`, `orphaned` (thread exited, leftovers being drained) or
+    /// `free`.
+    pub state: String,
+    /// Claim generation (how many threads have used the slot).
+    pub generation: u32,
+    /// Current (or last) producer's OS thread id.
+    pub tid: u32,
+    /// Its thread name.
+    pub thread_name: String,
+    /// Observations drained from this slot over its life, by any consumer.
+    pub drained: u64,
+    /// Observations dropped in this slot over its life.
+    pub dropped: u64,
+    /// Drop episodes seen by this agent.
+    pub episodes: u64,
+    /// Set when the ring's indices were impossible (hostile or corrupt).
+    pub corrupt: Option<String>,
+}
+
+impl RingReport {
+    /// From a drainer's ring record.
+    pub fn from_record(record: &RingRecord) -> Self {
+        Self {
+            slot: record.slot,
+            state: match record.state {
+                slot_state::ACTIVE => "active",
+                slot_state::ORPHANED => "orphaned",
+                slot_state::CLAIMED => "claimed",
+                _ => "free",
+            }
+            .into(),
+            generation: record.generation,
+            tid: record.os_tid,
+            thread_name: record.thread_name.clone(),
+            drained: record.slot_drained_total,
+            dropped: record.slot_dropped_total,
+            episodes: record.episodes,
+            corrupt: record.corrupt.map(|c| c.to_string()),
+        }
+    }
+}
+
+/// One instance (a mutex, a channel, ...).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct InstanceReport {
+    /// Id observations carry.
+    pub id: u32,
+    /// Kind name.
+    pub kind: String,
+    /// Instance name.
+    pub name: String,
+    /// Unregistered (final stats).
+    pub retired: bool,
+    /// Operations of all kinds.
+    pub ops: u64,
+    /// Operations that had to wait.
+    pub contended: u64,
+    /// Operations that found nothing.
+    pub misses: u64,
+    /// Ring drops attributed to this instance (first dropped instance of an
+    /// episode).
+    pub drops_attributed: u64,
+    /// Latency over all op kinds, ns.
+    pub latency_ns: Quantiles,
+    /// Thread that produced the maximum latency.
+    pub max_latency_thread: Option<u32>,
+    /// Distinct producer threads (max over op kinds).
+    pub threads: u64,
+    /// Per op kind.
+    pub per_op: Vec<OpReport>,
+    /// CLOCK_MONOTONIC ns of the first and latest drained observation's scan.
+    pub first_seen_mono_ns: Option<u64>,
+    /// See `first_seen_mono_ns`.
+    pub last_seen_mono_ns: Option<u64>,
+    /// Policy word (0 when none).
+    pub policy: u32,
+}
+
+/// One op kind of an instance.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpReport {
+    /// Op kind number (1..=7).
+    pub op: u16,
+    /// Its name (`lock`, ...) or `opN`.
+    pub name: String,
+    /// Count.
+    pub ops: u64,
+    /// Contended count.
+    pub contended: u64,
+    /// Miss count.
+    pub misses: u64,
+    /// Latency, ns.
+    pub latency_ns: Quantiles,
+    /// Distinct producer threads.
+    pub threads: u64,
+}
+
+impl InstanceReport {
+    /// From a drainer's instance record.
+    pub fn from_record(record: &InstanceRecord, retired: bool, policy: u32, calibration: &Calibration) -> Self {
+        let stats = &record.stats;
+        let latency = stats
+            .latency()
+            .map(|h| Quantiles::from_ticks(&h, calibration))
+            .unwrap_or_default();
+        let per_op = stats
+            .ops_by_kind()
+            .filter(|(_, op)| op.ops() > 0)
+            .map(|(kind, op)| OpReport {
+                op: kind,
+                name: record.meta.op_name(kind),
+                ops: op.ops(),
+                contended: op.contended(),
+                misses: op.misses(),
+                latency_ns: op
+                    .latency()
+                    .map(|h| Quantiles::from_ticks(h, calibration))
+                    .unwrap_or_default(),
+                threads: op.distinct_threads().count as u64,
+            })
+            .collect::<Vec<_>>();
+        Self {
+            id: record.meta.id,
+            kind: record.meta.kind_name.clone(),
+            name: record.meta.name.clone(),
+            retired,
+            ops: stats.total_ops(),
+            contended: stats.total_contended(),
+            misses: stats.total_misses(),
+            drops_attributed: stats.drops_attributed(),
+            latency_ns: latency,
+            max_latency_thread: stats.max_latency().map(|(_, m)| m.thread_id),
+            threads: per_op.iter().map(|o| o.threads).max().unwrap_or(0),
+            per_op,
+            first_seen_mono_ns: stats.first_seen_ns(),
+            last_seen_mono_ns: stats.last_seen_ns(),
+            policy,
+        }
+    }
+}
+
+/// A drop storm: one run of drops on one ring, with the facts around it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StormReport {
+    /// Agent-wide storm id, increasing.
+    pub id: u64,
+    /// Process.
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Ring slot.
+    pub slot: u32,
+    /// Producer OS thread id.
+    pub tid: u32,
+    /// Producer thread name.
+    pub thread_name: String,
+    /// CLOCK_MONOTONIC ns of the first drop.
+    pub begin_mono_ns: u64,
+    /// CLOCK_MONOTONIC ns of the first successful push after (None: going on).
+    pub end_mono_ns: Option<u64>,
+    /// Whether `end_mono_ns` is the time the end was noticed, not exact.
+    pub end_estimated: bool,
+    /// Duration so far, ns.
+    pub duration_ns: u64,
+    /// Observations lost.
+    pub dropped: u64,
+    /// First dropped observation's instance.
+    pub first_instance_id: u32,
+    /// Its name, if known.
+    pub first_instance: Option<String>,
+    /// Episodes folded into this one (several began between two scans).
+    pub merged: u32,
+    /// Scanner gaps (end of one scan to start of the next) overlapping the
+    /// storm, longest first (at most 8).
+    pub scan_gaps: Vec<ScanGap>,
+    /// Longest overlapping scan gap, ns.
+    pub max_scan_gap_ns: u64,
+    /// Why it happened, when known (see the probes integration).
+    pub cause: Option<Cause>,
+}
+
+/// A gap between two scans of the agent's scanner.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScanGap {
+    /// CLOCK_MONOTONIC ns when the earlier scan ended.
+    pub begin_mono_ns: u64,
+    /// CLOCK_MONOTONIC ns when the next scan began.
+    pub end_mono_ns: u64,
+}
+
+/// The cause of a storm, with its evidence.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Cause {
+    /// Short machine-readable kind, e.g. `scanner_preempted`.
+    pub kind: String,
+    /// One readable sentence.
+    pub summary: String,
+    /// `high` (kernel events), `low` (inferred from /proc counters).
+    pub confidence: String,
+    /// Supporting facts, readable.
+    pub evidence: Vec<String>,
+}
+
+/// A segment that failed validation.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RefusedSegment {
+    /// Process it was found in.
+    pub pid: u32,
+    /// `/proc/<pid>/fd/<n>`.
+    pub path: String,
+    /// Why.
+    pub reason: String,
+    /// CLOCK_MONOTONIC ns when refused.
+    pub at_mono_ns: u64,
+}
