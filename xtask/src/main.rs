@@ -4,6 +4,7 @@
 //! * `ci`    — everything CI checks: formatting, clippy with warnings as
 //!   errors, the whole test suite, and the loom models.
 //! * `bench` — the comparative benchmarks, summarised as one table.
+//! * `demo`  — the agent and an instrumented workload, with a drop storm.
 
 use std::process::Command;
 
@@ -11,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod demo;
 
 #[derive(Parser)]
 #[command(about = "subetha project automation")]
@@ -25,12 +27,15 @@ enum Task {
     Ci,
     /// Run the comparative benchmarks and print one table with ratios.
     Bench(bench::BenchArgs),
+    /// The agent plus an instrumented workload, with a drop storm diagnosed.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Task::Ci => ci(),
         Task::Bench(args) => bench::run(&args),
+        Task::Demo(args) => demo::run(&args),
     }
 }
 
