@@ -32,7 +32,11 @@ use subetha_core::segment::SegmentView;
 use subetha_core::stats::LatencyHistogram;
 use subetha_core::{ObservationRing, ScanReport};
 
+use std::os::unix::fs::MetadataExt;
+use std::sync::mpsc::Receiver;
+
 use crate::discovery::{self, Candidate};
+use crate::registration::{Registered, Registration};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
@@ -57,6 +61,9 @@ pub struct AgentConfig {
     pub takeover_timeout: Duration,
     /// Storms kept.
     pub storm_history: usize,
+    /// Listen for applications announcing their segments here (None: rely
+    /// on the `/proc` scan only).
+    pub registration_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -70,6 +77,7 @@ impl Default for AgentConfig {
             retention: Duration::from_secs(600),
             takeover_timeout: Duration::from_secs(2),
             storm_history: 1024,
+            registration_socket: None,
         }
     }
 }
@@ -106,6 +114,7 @@ struct Tracked {
 
 struct State {
     config: AgentConfig,
+    registrations: Option<(Registration, Receiver<Registered>)>,
     tracked: Vec<Tracked>,
     refused: VecDeque<RefusedSegment>,
     refused_keys: HashSet<(u32, u64)>,
@@ -138,6 +147,7 @@ impl Agent {
         Self {
             state: State {
                 config,
+                registrations: None,
                 tracked: Vec::new(),
                 refused: VecDeque::new(),
                 refused_keys: HashSet::new(),
@@ -153,8 +163,23 @@ impl Agent {
         }
     }
 
-    /// Starts the scan thread.
-    pub fn spawn(self) -> std::io::Result<AgentHandle> {
+    /// Starts the scan thread (and the registration listener, if
+    /// configured; failing to bind it is a warning, not an error).
+    pub fn spawn(mut self) -> std::io::Result<AgentHandle> {
+        if let Some(path) = self.state.config.registration_socket.clone() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            match Registration::start(&path, tx) {
+                Ok(registration) => {
+                    tracing::info!(path = %path.display(), "registration socket listening");
+                    self.state.registrations = Some((registration, rx));
+                }
+                Err(error) => tracing::warn!(
+                    path = %path.display(),
+                    %error,
+                    "registration socket unavailable; discovering through /proc only"
+                ),
+            }
+        }
         let latest = Arc::new(Mutex::new(Arc::new(AgentSnapshot::default())));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new().name("subetha-scan".into()).spawn({
@@ -178,6 +203,7 @@ impl Agent {
                 self.state.discover();
                 next_discovery = now + self.state.config.discovery_interval;
             }
+            self.state.take_registrations();
             self.state.scan_all();
             if now >= next_publish {
                 *latest.lock() = Arc::new(self.state.snapshot());
@@ -220,18 +246,43 @@ impl Drop for AgentHandle {
 }
 
 impl State {
+    fn take_registrations(&mut self) {
+        let Some((_, rx)) = &self.registrations else {
+            return;
+        };
+        let registered: Vec<Registered> = rx.try_iter().collect();
+        for Registered { pid, file } in registered {
+            let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
+            let candidate = Candidate {
+                pid,
+                fd: u32::MAX,
+                inode,
+            };
+            if self.is_known(&candidate) {
+                continue;
+            }
+            match discovery::validate_file(pid, &file) {
+                Ok(opened) => self.attach(candidate, opened),
+                Err(discovery::AttachError::Gone(_)) => {}
+                Err(error) => self.refuse(&candidate, error.to_string()),
+            }
+        }
+    }
+
+    fn is_known(&self, candidate: &Candidate) -> bool {
+        self.refused_keys.contains(&(candidate.pid, candidate.inode))
+            || self
+                .tracked
+                .iter()
+                .any(|t| t.pid == candidate.pid && (t.candidate.inode == candidate.inode || t.exited.is_none()))
+    }
+
     fn discover(&mut self) {
         let candidates = discovery::scan_proc(self.config.pids.as_deref());
         for candidate in candidates {
-            let known = self
-                .tracked
-                .iter()
-                .any(|t| t.candidate.pid == candidate.pid && t.candidate.inode == candidate.inode);
-            if known || self.refused_keys.contains(&(candidate.pid, candidate.inode)) {
-                continue;
-            }
-            // Another descriptor on a segment we already track (dup'ed fd).
-            if self.tracked.iter().any(|t| t.pid == candidate.pid && t.exited.is_none()) {
+            // Known segments, and other descriptors of a live process we
+            // already drain (one segment per process).
+            if self.is_known(&candidate) {
                 continue;
             }
             match discovery::open_segment(&candidate) {

@@ -27,8 +27,12 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// `/proc/<pid>/fd/<fd>`.
+    /// `/proc/<pid>/fd/<fd>` (or a note for a segment received over the
+    /// registration socket, whose `fd` is `u32::MAX`).
     pub fn path(&self) -> PathBuf {
+        if self.fd == u32::MAX {
+            return PathBuf::from(format!("registration from pid {}", self.pid));
+        }
         PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.fd))
     }
 }
@@ -123,11 +127,6 @@ pub struct OpenedSegment {
 /// Opens and validates a candidate; see the module docs.
 pub fn open_segment(candidate: &Candidate) -> Result<OpenedSegment, AttachError> {
     let pid = candidate.pid;
-    let pidfd = pidfd_open(pid)?;
-    // Bind the pidfd to the process we inspect: read the start time after
-    // opening it; a pid reused in between would show a different one.
-    let start_time_ticks = process_start_time(pid).ok_or(AttachError::Gone(pid))?;
-    let uid = process_uid(pid).ok_or(AttachError::Gone(pid))?;
     let path = candidate.path();
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -138,6 +137,17 @@ pub fn open_segment(candidate: &Candidate) -> Result<OpenedSegment, AttachError>
             std::io::ErrorKind::NotFound => AttachError::Gone(pid),
             _ => AttachError::Os("open", e),
         })?;
+    validate_file(pid, &file)
+}
+
+/// Validates a segment file said to belong to `pid` (opened from `/proc`, or
+/// received over the registration socket) and maps it.
+pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, AttachError> {
+    let pidfd = pidfd_open(pid)?;
+    // Bind the pidfd to the process we inspect: read the start time after
+    // opening it; a pid reused in between would show a different one.
+    let start_time_ticks = process_start_time(pid).ok_or(AttachError::Gone(pid))?;
+    let uid = process_uid(pid).ok_or(AttachError::Gone(pid))?;
     let file_uid = file.metadata().map_err(|e| AttachError::Os("fstat", e))?.uid();
     if file_uid != uid {
         return Err(AttachError::OwnerMismatch {

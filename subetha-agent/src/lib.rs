@@ -7,6 +7,7 @@
 //!
 //! * [`discovery`] — finding segments in `/proc` and opening them safely.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
+//! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
 
@@ -15,6 +16,7 @@ pub mod client;
 pub mod discovery;
 pub mod doctor;
 pub mod model;
+pub mod registration;
 
 pub use agent::{Agent, AgentConfig, AgentHandle};
 pub use model::AgentSnapshot;

@@ -102,6 +102,14 @@ struct RunArgs {
     /// Snapshot period in the JSON-lines export.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     export_interval: Duration,
+    /// Registration socket applications announce new segments on
+    /// (default: /run/subetha/agent.sock for root, else
+    /// $XDG_RUNTIME_DIR/subetha/agent.sock).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_socket")]
+    socket: Option<std::path::PathBuf>,
+    /// Do not listen for registrations; discover through /proc only.
+    #[arg(long)]
+    no_socket: bool,
 }
 
 #[derive(clap::Args)]
@@ -171,7 +179,11 @@ fn dispatch(command: Command) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let config = args.scan.config()?;
+    let config = AgentConfig {
+        registration_socket: (!args.no_socket)
+            .then(|| args.socket.clone().unwrap_or_else(subetha_core::announce::user_socket_path)),
+        ..args.scan.config()?
+    };
     let mut exporter = match args.export_jsonl.as_deref() {
         None => None,
         Some(target) => Some(JsonlExporter::open(target, args.export_interval)?),

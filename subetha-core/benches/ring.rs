@@ -1,1 +1,702 @@
-fn main() {}
+//! Comparative benchmarks: subetha's [`ObservationRing`] against `rtrb` and
+//! crossbeam's `ArrayQueue`, all carrying the same 24-byte [`Observation`],
+//! plus the [`Drainer`] and [`Instance::observe`] end to end.
+//!
+//! `cargo xtask bench` runs this and prints one table; `cargo bench -p
+//! subetha-core --bench ring` runs it bare. Groups (criterion ids):
+//!
+//! | group              | what one iteration is                                     |
+//! |--------------------|-----------------------------------------------------------|
+//! | `push_room`        | [`BATCH`] pushes into an empty ring (drained untimed)     |
+//! | `push_full`        | [`BATCH`] pushes into a full ring (every one dropped)     |
+//! | `lossy_concurrent` | [`BATCH`] push attempts while a consumer thread drains    |
+//! | `lossless`         | [`BATCH`] items moved producer → consumer, retry on full  |
+//! | `drainer`          | one `Drainer::scan` of 8 full rings (8 × 4096 obs)        |
+//! | `observe`          | [`BATCH`] `Instance::observe` calls (drained untimed)     |
+//!
+//! Every group declares `Throughput::Elements`, so per-item figures are
+//! `mean / elements`. What criterion cannot express (drop fractions, whether
+//! threads were pinned) goes to small JSON files in `$SUBETHA_BENCH_OUT`
+//! (default `target/subetha-bench/`).
+//!
+//! Threads: the bench (main) thread is pinned to CPU 0 and every helper
+//! thread (consumer, producer or ring filler) to CPU 1 when the machine has
+//! two CPUs and `sched_setaffinity` allows it.
+//!
+//! `SUBETHA_BENCH_QUICK=1` shortens warm-up and measurement (CI smoke).
+
+use std::hint::{black_box, spin_loop};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use crossbeam_queue::ArrayQueue;
+use subetha_core::segment::{RingSlot, instance_state, slot_state};
+use subetha_core::{
+    Drainer, Instance, InstanceKind, Observation, ObservationRing, Segment, SegmentConfig, SegmentView,
+    SidecarMode,
+};
+
+/// Slots in every ring under test.
+const CAPACITY: usize = ObservationRing::CAPACITY;
+/// Pushes per timed batch (and per criterion iteration) in the push groups.
+const BATCH: usize = 1024;
+/// Observations a consumer copies out per call (the Drainer's batch size).
+const POP_BATCH: usize = subetha_core::drain::BATCH;
+/// CPU of the bench thread (producer, or consumer in `lossless`).
+const MAIN_CPU: usize = 0;
+/// CPU of helper threads.
+const HELPER_CPU: usize = 1;
+
+// ---------------------------------------------------------------------------
+// The three rings behind one producer / consumer interface.
+
+/// Producer side: `push` returns false when the item was not accepted.
+trait Prod {
+    fn push(&mut self, obs: Observation) -> bool;
+}
+
+/// Consumer side: copies up to `out.len()` items out, returns how many.
+trait Cons: Send {
+    fn pop_batch(&mut self, out: &mut [Observation]) -> usize;
+}
+
+impl Prod for Arc<ObservationRing> {
+    #[inline(always)]
+    fn push(&mut self, obs: Observation) -> bool {
+        ObservationRing::push(self, obs)
+    }
+}
+
+impl Cons for Arc<ObservationRing> {
+    #[inline(always)]
+    fn pop_batch(&mut self, out: &mut [Observation]) -> usize {
+        ObservationRing::pop_batch(self, out)
+    }
+}
+
+impl Prod for rtrb::Producer<Observation> {
+    #[inline(always)]
+    fn push(&mut self, obs: Observation) -> bool {
+        rtrb::Producer::push(self, obs).is_ok()
+    }
+}
+
+impl Cons for rtrb::Consumer<Observation> {
+    #[inline(always)]
+    fn pop_batch(&mut self, out: &mut [Observation]) -> usize {
+        // rtrb's batch copy-out: one head publish per call, like ours.
+        self.pop_partial_slice(out).0.len()
+    }
+}
+
+impl Prod for Arc<ArrayQueue<Observation>> {
+    #[inline(always)]
+    fn push(&mut self, obs: Observation) -> bool {
+        ArrayQueue::push(self, obs).is_ok()
+    }
+}
+
+impl Cons for Arc<ArrayQueue<Observation>> {
+    #[inline(always)]
+    fn pop_batch(&mut self, out: &mut [Observation]) -> usize {
+        // ArrayQueue has no batch pop: one `pop` per item.
+        let mut n = 0;
+        while n < out.len() {
+            match ArrayQueue::pop(self) {
+                Some(obs) => {
+                    out[n] = obs;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+}
+
+fn subetha_pair() -> (Arc<ObservationRing>, Arc<ObservationRing>) {
+    let ring = Arc::new(ObservationRing::new());
+    (Arc::clone(&ring), ring)
+}
+
+fn rtrb_pair() -> (rtrb::Producer<Observation>, rtrb::Consumer<Observation>) {
+    rtrb::RingBuffer::new(CAPACITY)
+}
+
+fn arrayqueue_pair() -> (Arc<ArrayQueue<Observation>>, Arc<ArrayQueue<Observation>>) {
+    let queue = Arc::new(ArrayQueue::new(CAPACITY));
+    (Arc::clone(&queue), queue)
+}
+
+/// Runs `$body` once per ring kind with `$name` bound to its id and
+/// `($p, $c)` to a fresh producer / consumer pair.
+macro_rules! for_each_ring {
+    (|$name:ident, $p:ident, $c:ident| $body:block) => {{
+        {
+            let $name = "subetha";
+            let ($p, $c) = subetha_pair();
+            $body
+        }
+        {
+            let $name = "rtrb";
+            let ($p, $c) = rtrb_pair();
+            $body
+        }
+        {
+            let $name = "arrayqueue";
+            let ($p, $c) = arrayqueue_pair();
+            $body
+        }
+    }};
+}
+
+/// The payload template: a realistic observation with the thread id already
+/// stamped (so `ObservationRing::push` does not look it up).
+fn template() -> Observation {
+    Observation {
+        instance_id: 1,
+        op_kind: 1,
+        flags: 0,
+        latency_ticks: 0,
+        producer_thread_id: subetha_core::thread_id(),
+        _reserved: 0,
+    }
+}
+
+/// Payload `i`: the template with one field varied per push, so the
+/// compiler can hoist nothing.
+#[inline(always)]
+fn payload(base: &Observation, i: usize) -> Observation {
+    Observation {
+        latency_ticks: i as u64,
+        ..*base
+    }
+}
+
+/// Pushes `n` payloads; returns how many were accepted.
+#[inline(always)]
+fn push_n<P: Prod>(p: &mut P, n: usize) -> usize {
+    let base = black_box(template());
+    let mut accepted = 0;
+    for i in 0..n {
+        accepted += usize::from(p.push(payload(&base, i)));
+    }
+    accepted
+}
+
+/// Pushes `n` payloads, spinning while the ring is full (lossless use).
+#[inline(always)]
+fn push_n_retrying<P: Prod>(p: &mut P, n: usize) {
+    let base = black_box(template());
+    for i in 0..n {
+        let obs = payload(&base, i);
+        while !p.push(obs) {
+            spin_loop();
+        }
+    }
+}
+
+/// Empties a ring from the consumer side.
+fn drain_all<C: Cons>(c: &mut C) -> usize {
+    let mut buf = [Observation::ZERO; POP_BATCH];
+    let mut total = 0;
+    loop {
+        let n = c.pop_batch(&mut buf);
+        if n == 0 {
+            return total;
+        }
+        black_box(&buf[..n]);
+        total += n;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Settings, pinning, side files.
+
+fn quick() -> bool {
+    std::env::var_os("SUBETHA_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Applies the run's timing to a group; `threaded` groups spawn threads per
+/// sample and use flat sampling with fewer, longer samples.
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>, threaded: bool) {
+    let (warm_up, measure, samples) = match (quick(), threaded) {
+        (true, false) => (0.2, 0.6, 20),
+        (true, true) => (0.2, 0.6, 10),
+        (false, false) => (1.0, 3.0, 60),
+        (false, true) => (1.0, 3.0, 20),
+    };
+    group
+        .warm_up_time(Duration::from_secs_f64(warm_up))
+        .measurement_time(Duration::from_secs_f64(measure))
+        .sample_size(samples);
+    if threaded {
+        group.sampling_mode(SamplingMode::Flat);
+    }
+}
+
+/// CPUs this process may use, counted before any thread is pinned (a
+/// pinned thread's `available_parallelism` is 1, and threads inherit it).
+static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn cpus() -> usize {
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Pins the calling thread to `cpu`; false when that is not possible.
+fn pin_to(cpu: usize) -> bool {
+    if cpus() < 2 {
+        return false;
+    }
+    // SAFETY: `cpu_set_t` is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < 2 ≤ CPU_SETSIZE, so the bit is inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid, initialised
+    // cpu_set_t of the size passed.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Where the side files go.
+fn out_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SUBETHA_BENCH_OUT") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
+    target.join("subetha-bench")
+}
+
+/// Writes `target/subetha-bench/<name>.json` (a flat object of numbers and
+/// booleans; hand-formatted to keep serde out of the library's dev-deps).
+fn write_side_file(name: &str, fields: &[(&str, String)]) {
+    let dir = out_dir();
+    let body = fields
+        .iter()
+        .map(|(k, v)| format!("  \"{k}\": {v}"))
+        .collect::<Vec<_>>()
+        .join(",\n");
+    let result = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(format!("{name}.json")), format!("{{\n{body}\n}}\n")));
+    if let Err(error) = result {
+        eprintln!("bench: cannot write {}: {error}", dir.display());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (1) Push with no consumer.
+
+/// Steady-state push into a ring with room: `BATCH` pushes timed, then the
+/// ring is emptied outside the timed region.
+fn push_room(c: &mut Criterion) {
+    let mut group = c.benchmark_group("push_room");
+    configure(&mut group, false);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for_each_ring!(|name, p, c| {
+        let (mut p, mut c) = (p, c);
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let accepted = push_n(&mut p, BATCH);
+                    total += start.elapsed();
+                    assert_eq!(accepted, BATCH, "{name}: ring had room");
+                    drain_all(&mut c);
+                }
+                total
+            })
+        });
+    });
+    group.finish();
+}
+
+/// The drop path: every push finds the ring full.
+fn push_full(c: &mut Criterion) {
+    let mut group = c.benchmark_group("push_full");
+    configure(&mut group, false);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for_each_ring!(|name, p, c| {
+        let (mut p, _c) = (p, c);
+        assert_eq!(push_n(&mut p, CAPACITY), CAPACITY, "{name}: fill");
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let accepted = push_n(&mut p, BATCH);
+                    assert_eq!(accepted, 0, "{name}: ring is full");
+                }
+                start.elapsed()
+            })
+        });
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------
+// (2) Lossy push while a consumer drains concurrently.
+
+fn lossy_concurrent(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lossy_concurrent");
+    configure(&mut group, true);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for_each_ring!(|name, p, c| {
+        let (mut p, mut c) = (p, c);
+        let (mut attempts, mut drops, mut pinned) = (0u64, 0u64, true);
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let n = iters as usize * BATCH;
+                let ready = AtomicBool::new(false);
+                let stop = AtomicBool::new(false);
+                let (elapsed, accepted, consumer_pinned) = std::thread::scope(|s| {
+                    let consumer = s.spawn(|| {
+                        let pinned = pin_to(HELPER_CPU);
+                        let mut buf = [Observation::ZERO; POP_BATCH];
+                        ready.store(true, Ordering::Release);
+                        loop {
+                            let got = c.pop_batch(&mut buf);
+                            if got == 0 {
+                                if stop.load(Ordering::Acquire) {
+                                    drain_all(&mut c);
+                                    return pinned;
+                                }
+                                spin_loop();
+                            } else {
+                                black_box(&buf[..got]);
+                            }
+                        }
+                    });
+                    while !ready.load(Ordering::Acquire) {
+                        spin_loop();
+                    }
+                    let start = Instant::now();
+                    let accepted = push_n(&mut p, n);
+                    let elapsed = start.elapsed();
+                    stop.store(true, Ordering::Release);
+                    (elapsed, accepted, consumer.join().expect("consumer thread"))
+                });
+                attempts += n as u64;
+                drops += (n - accepted) as u64;
+                pinned &= consumer_pinned;
+                elapsed
+            })
+        });
+        if attempts > 0 {
+            // (0 when filtered out.)
+            write_side_file(
+                &format!("lossy_concurrent-{name}"),
+                &[
+                    ("attempts", attempts.to_string()),
+                    ("drops", drops.to_string()),
+                    ("drop_fraction", format!("{:.6}", drops as f64 / attempts as f64)),
+                    ("pinned", pinned.to_string()),
+                ],
+            );
+        }
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------
+// (3) Lossless producer → consumer throughput.
+
+fn lossless(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lossless");
+    configure(&mut group, true);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for_each_ring!(|name, p, c| {
+        let (mut p, mut c) = (p, c);
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let n = iters as usize * BATCH;
+                let ready = AtomicBool::new(false);
+                let go = AtomicBool::new(false);
+                std::thread::scope(|s| {
+                    let producer = s.spawn(|| {
+                        pin_to(HELPER_CPU);
+                        ready.store(true, Ordering::Release);
+                        while !go.load(Ordering::Acquire) {
+                            spin_loop();
+                        }
+                        push_n_retrying(&mut p, n);
+                    });
+                    while !ready.load(Ordering::Acquire) {
+                        spin_loop();
+                    }
+                    let mut buf = [Observation::ZERO; POP_BATCH];
+                    let mut received = 0;
+                    let start = Instant::now();
+                    go.store(true, Ordering::Release);
+                    while received < n {
+                        let got = c.pop_batch(&mut buf);
+                        if got == 0 {
+                            spin_loop();
+                        } else {
+                            black_box(&buf[..got]);
+                            received += got;
+                        }
+                    }
+                    let elapsed = start.elapsed();
+                    producer.join().expect("producer thread");
+                    elapsed
+                })
+            })
+        });
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------
+// (4) Drainer into InstanceStats.
+
+const DRAIN_RINGS: u32 = 8;
+const DRAIN_INSTANCES: u32 = 16;
+
+/// Registers instance entry `index` by hand (the registry's `register_in`
+/// is crate-private): LIVE, generation 0, high-water bumped. Returns its id.
+fn register_by_hand(view: &SegmentView, index: u32) -> u32 {
+    let entry = view.instance(index).expect("entry in table");
+    entry.kind.store(1, Ordering::Relaxed);
+    let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
+    entry.state.store(instance_state::LIVE, Ordering::Release);
+    view.live()
+        .instances_high_water
+        .fetch_max(index + 1, Ordering::AcqRel);
+    (generation << 16) | (index + 1)
+}
+
+/// Claims ring slot `index` by hand, as a thread's first observation would.
+fn activate(view: &SegmentView, index: u32, thread_id: u32) -> &RingSlot {
+    let slot = view.ring_slot(index).expect("slot in table");
+    slot.generation.fetch_add(1, Ordering::Relaxed);
+    slot.thread_id.store(thread_id, Ordering::Relaxed);
+    slot.os_tid.store(10_000 + thread_id, Ordering::Relaxed);
+    slot.state.store(slot_state::ACTIVE, Ordering::Release);
+    view.live()
+        .rings_high_water
+        .fetch_max(index + 1, Ordering::AcqRel);
+    slot
+}
+
+/// One ring-full of a realistic mix for thread `thread_id`: instances
+/// chosen at random, op kinds 1..=3, ~30% with a measured (contended)
+/// latency spread over five decades, ~5% misses.
+fn observation_mix(ids: &[u32], thread_id: u32, seed: u64) -> Vec<Observation> {
+    let mut state = seed | 1;
+    let mut next = move || {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    (0..CAPACITY)
+        .map(|_| {
+            let r = next();
+            let instance_id = ids[(r % ids.len() as u64) as usize];
+            let op_kind = 1 + ((r >> 8) % 3) as u16;
+            let roll = (r >> 16) % 100;
+            let (flags, latency_ticks) = if roll < 30 {
+                let magnitude = 6 + (r >> 24) % 17; // 64 .. 8M ticks
+                (
+                    Observation::FLAG_CONTENDED,
+                    (1u64 << magnitude) + ((r >> 32) & ((1 << magnitude) - 1)),
+                )
+            } else if roll < 35 {
+                (Observation::FLAG_MISS, 0)
+            } else {
+                (0, 0)
+            };
+            Observation {
+                instance_id,
+                op_kind,
+                flags,
+                latency_ticks,
+                producer_thread_id: thread_id,
+                _reserved: 0,
+            }
+        })
+        .collect()
+}
+
+fn fill_rings(slots: &[&RingSlot], mixes: &[Vec<Observation>]) {
+    for (slot, mix) in slots.iter().zip(mixes) {
+        for obs in mix {
+            assert!(slot.ring.push(*obs), "ring was drained");
+        }
+    }
+}
+
+fn drainer(c: &mut Criterion) {
+    let segment = Segment::create(SegmentConfig {
+        instances: 64,
+        ring_slots: DRAIN_RINGS,
+    })
+    .expect("private segment");
+    let view = segment.view();
+    let ids: Vec<u32> = (0..DRAIN_INSTANCES).map(|i| register_by_hand(view, i)).collect();
+    let slots: Vec<&RingSlot> = (0..DRAIN_RINGS).map(|i| activate(view, i, 1000 + i)).collect();
+    let mixes: Vec<Vec<Observation>> = (0..DRAIN_RINGS)
+        .map(|i| observation_mix(&ids, 1000 + i, 0x5EED + u64::from(i)))
+        .collect();
+    let per_scan = u64::from(DRAIN_RINGS) * CAPACITY as u64;
+    let mut drainer = Drainer::attach(view).expect("private segment lease");
+    // Prime: first sight of instances and threads allocates; keep that out.
+    fill_rings(&slots, &mixes);
+    assert_eq!(drainer.scan().drained, per_scan);
+
+    let mut group = c.benchmark_group("drainer");
+    configure(&mut group, false);
+    group.throughput(Throughput::Elements(per_scan));
+    let timed_scan = |drainer: &mut Drainer<&SegmentView>| {
+        let start = Instant::now();
+        let report = drainer.scan();
+        let elapsed = start.elapsed();
+        assert_eq!(report.drained, per_scan, "scan drained every ring");
+        elapsed
+    };
+
+    // The rings were filled by a thread on the other CPU, as an
+    // application's would be: the scan pays the cross-core cache traffic.
+    let filler_pinned = std::thread::scope(|s| {
+        let (request, requests) = mpsc::sync_channel::<bool>(0);
+        let (done, dones) = mpsc::sync_channel::<()>(0);
+        let (slots, mixes) = (&slots, &mixes);
+        let filler = s.spawn(move || {
+            let pinned = pin_to(HELPER_CPU);
+            while let Ok(true) = requests.recv() {
+                fill_rings(slots, mixes);
+                done.send(()).expect("bench thread waits");
+            }
+            pinned
+        });
+        group.bench_function("scan_cross_core", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    request.send(true).expect("filler runs");
+                    dones.recv().expect("filler runs");
+                    total += timed_scan(&mut drainer);
+                }
+                total
+            })
+        });
+        request.send(false).expect("filler runs");
+        filler.join().expect("filler thread")
+    });
+    // Same-core fill: the rings are warm in this core's caches. Shown for
+    // reference (a best case the sidecar rarely sees).
+    group.bench_function("scan_same_core", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                fill_rings(&slots, &mixes);
+                total += timed_scan(&mut drainer);
+            }
+            total
+        })
+    });
+    group.finish();
+    let totals = drainer.totals();
+    assert_eq!(totals.unattributed, 0, "every observation had an instance");
+    assert_eq!(totals.dropped, 0);
+    write_side_file(
+        "drainer",
+        &[
+            ("rings", DRAIN_RINGS.to_string()),
+            ("instances", DRAIN_INSTANCES.to_string()),
+            ("observations_per_scan", per_scan.to_string()),
+            ("filler_pinned", filler_pinned.to_string()),
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (5) Instance::observe end to end.
+
+fn observe(c: &mut Criterion) {
+    let instance = Instance::register(InstanceKind::CUSTOM, "bench.observe").expect("register");
+    // The first observation claims this thread's ring.
+    assert!(instance.observe(1, 0, 0).expect("ring claimed"));
+    let view = subetha_core::process_segment().expect("process segment").view();
+    let me = subetha_core::thread_id();
+    let slot = (0..view.rings_in_use())
+        .filter_map(|i| view.ring_slot(i))
+        .find(|s| {
+            s.state.load(Ordering::Acquire) == slot_state::ACTIVE && s.thread_id.load(Ordering::Relaxed) == me
+        })
+        .expect("this thread's ring slot");
+    // This thread acts as the consumer of its own ring between batches,
+    // which is only allowed while nobody else drains the process segment.
+    if subetha_core::process_sidecar().is_some() {
+        eprintln!("bench observe: skipped, the sidecar is running (unset SUBETHA_SIDECAR)");
+        return;
+    }
+    let ring = &slot.ring;
+    let mut buf = [Observation::ZERO; POP_BATCH];
+    let mut empty = || while ring.pop_batch(&mut buf) > 0 {};
+    empty();
+
+    let mut group = c.benchmark_group("observe");
+    configure(&mut group, false);
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function("subetha", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let base = black_box(template());
+                let start = Instant::now();
+                let mut accepted = 0usize;
+                for i in 0..BATCH {
+                    let obs = payload(&base, i);
+                    accepted += usize::from(matches!(
+                        instance.observe(obs.op_kind, obs.flags, obs.latency_ticks),
+                        Ok(true)
+                    ));
+                }
+                total += start.elapsed();
+                assert_eq!(accepted, BATCH, "ring had room");
+                empty();
+            }
+            total
+        })
+    });
+    group.finish();
+}
+
+fn main() {
+    // Before the process segment exists: no sidecar competing for the CPU
+    // or for our ring (SUBETHA_SIDECAR in the environment still wins).
+    subetha_core::set_sidecar_mode(SidecarMode::Off);
+    let cpus = cpus();
+    let pinned = pin_to(MAIN_CPU);
+    write_side_file(
+        "meta",
+        &[
+            ("cpus", cpus.to_string()),
+            ("main_pinned", pinned.to_string()),
+            ("main_cpu", MAIN_CPU.to_string()),
+            ("helper_cpu", HELPER_CPU.to_string()),
+            ("batch", BATCH.to_string()),
+            ("pop_batch", POP_BATCH.to_string()),
+            ("quick", quick().to_string()),
+        ],
+    );
+    let mut criterion = Criterion::default();
+    if quick() {
+        criterion = criterion.nresamples(10_000);
+    }
+    let mut criterion = criterion.configure_from_args();
+    push_room(&mut criterion);
+    push_full(&mut criterion);
+    observe(&mut criterion);
+    lossy_concurrent(&mut criterion);
+    lossless(&mut criterion);
+    drainer(&mut criterion);
+    criterion.final_summary();
+}

@@ -22,7 +22,8 @@
 //! layout and validation), [`registry`] (instances, per-thread rings, fork
 //! safety), [`stats`] (histograms, per-instance statistics), [`drain`] (the
 //! consumer's scan), [`lease`] (who may consume), [`sidecar`] (the in-process
-//! consumer thread and policies), [`hooks`] (uprobe attach points).
+//! consumer thread and policies), [`announce`] (telling a running agent about
+//! a new segment), [`hooks`] (uprobe attach points).
 
 pub mod clock;
 pub mod hooks;
@@ -30,6 +31,8 @@ pub mod observation;
 pub mod ring;
 mod sync;
 
+#[cfg(not(loom))]
+pub mod announce;
 #[cfg(not(loom))]
 pub mod drain;
 #[cfg(not(loom))]

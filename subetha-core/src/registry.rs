@@ -187,6 +187,9 @@ fn create_process_segment() -> Result<&'static Segment, RegistryError> {
             // SAFETY: just leaked; never freed.
             let segment: &'static Segment = unsafe { &*fresh };
             crate::sidecar::on_process_segment_created(segment);
+            if let Some(fd) = segment.fd() {
+                crate::announce::announce(fd);
+            }
             Ok(segment)
         }
         Err(winner) => {

@@ -1,0 +1,223 @@
+//! The registration socket: applications pass their new segment's memfd
+//! here (see `subetha_core::announce`) so the agent attaches at once; the
+//! `/proc` scan remains the fallback.
+//!
+//! A listener thread accepts connections, reads one message with the
+//! descriptor attached (`SCM_RIGHTS`) and the sender's kernel-verified
+//! credentials (`SO_PEERCRED`), and hands `(pid, file)` to the scan thread,
+//! which validates it exactly like a segment found in `/proc`. Everything a
+//! peer sends is untrusted: unknown messages, missing or extra descriptors
+//! are dropped (extra descriptors closed), and each connection is read with
+//! a short timeout so a silent peer cannot stall the listener.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use subetha_core::announce::{MESSAGE_PREFIX, SYSTEM_SOCKET};
+
+/// A segment an application announced.
+#[derive(Debug)]
+pub struct Registered {
+    /// The sender's pid (from `SO_PEERCRED`, not from the message).
+    pub pid: u32,
+    /// The memfd.
+    pub file: File,
+}
+
+/// The listening socket; removes its path when dropped.
+pub struct Registration {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Registration {
+    /// Binds `path` and starts the listener thread. Fails if another agent
+    /// already answers on it.
+    pub fn start(path: &Path, sink: Sender<Registered>) -> io::Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+            let mode = if path == Path::new(SYSTEM_SOCKET) { 0o755 } else { 0o700 };
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another agent is listening on {}", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)?;
+        // The system socket accepts any user's segment (each is validated);
+        // a per-user socket only its owner's.
+        let mode = if path == Path::new(SYSTEM_SOCKET) { 0o666 } else { 0o600 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new().name("subetha-register".into()).spawn({
+            let stop = Arc::clone(&stop);
+            move || listen(&listener, &sink, &stop)
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn listen(listener: &UnixListener, sink: &Sender<Registered>, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => match receive(&stream) {
+                Ok(Some(registered)) => {
+                    if sink.send(registered).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => tracing::debug!(%error, "ignoring a registration"),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "registration socket accept failed");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// Reads one announcement. `Ok(None)` for a message that is not one.
+fn receive(stream: &UnixStream) -> io::Result<Option<Registered>> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let pid = peer_pid(stream)?;
+    let mut buf = [0u8; 64];
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: a zeroed msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    // SAFETY: `msg` points at buffers that outlive the call. MSG_CMSG_CLOEXEC
+    // keeps received descriptors from leaking into children.
+    let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Take ownership of every received descriptor first, so any we do not
+    // use are closed.
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: iterating the control headers the kernel wrote into
+    // `control`, within msg_controllen; each SCM_RIGHTS payload is an array
+    // of ints whose count follows from cmsg_len.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&msg);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(header).cast::<libc::c_int>();
+                let bytes = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / size_of::<libc::c_int>() {
+                    let fd = data.add(i).read_unaligned();
+                    if fd >= 0 {
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+            }
+            header = libc::CMSG_NXTHDR(&msg, header);
+        }
+    }
+    let truncated = msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0;
+    if truncated || !buf[..n as usize].starts_with(MESSAGE_PREFIX) || fds.len() != 1 {
+        return Ok(None);
+    }
+    Ok(Some(Registered {
+        pid,
+        file: File::from(fds.remove(0)),
+    }))
+}
+
+fn peer_pid(stream: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(cred.pid).map_err(|_| io::Error::other("peer has no pid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receives_an_announced_descriptor_with_the_senders_pid() {
+        let dir = std::env::temp_dir().join(format!("subetha-reg-test-{}", std::process::id()));
+        let path = dir.join("agent.sock");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let registration = Registration::start(&path, tx).unwrap();
+        let file = File::open("/proc/self/stat").unwrap();
+        let stream = UnixStream::connect(registration.path()).unwrap();
+        subetha_core::announce::send_fd(&stream, std::os::fd::AsFd::as_fd(&file), MESSAGE_PREFIX).unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got.pid, std::process::id());
+        // A second agent on the same path is refused.
+        let (tx2, _rx2) = std::sync::mpsc::channel();
+        assert_eq!(
+            Registration::start(&path, tx2).err().map(|e| e.kind()),
+            Some(io::ErrorKind::AddrInUse)
+        );
+        // Garbage without a descriptor is ignored, and the listener survives.
+        let mut junk = UnixStream::connect(registration.path()).unwrap();
+        io::Write::write_all(&mut junk, b"hello").unwrap();
+        drop(junk);
+        let stream = UnixStream::connect(registration.path()).unwrap();
+        subetha_core::announce::send_fd(&stream, std::os::fd::AsFd::as_fd(&file), MESSAGE_PREFIX).unwrap();
+        assert!(rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        drop(registration);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
