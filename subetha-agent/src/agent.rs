@@ -269,19 +269,19 @@ impl State {
         }
     }
 
+    /// Whether this segment (pid and memfd inode: several descriptors may
+    /// name one segment) was already attached or refused.
     fn is_known(&self, candidate: &Candidate) -> bool {
         self.refused_keys.contains(&(candidate.pid, candidate.inode))
             || self
                 .tracked
                 .iter()
-                .any(|t| t.pid == candidate.pid && (t.candidate.inode == candidate.inode || t.exited.is_none()))
+                .any(|t| t.pid == candidate.pid && t.candidate.inode == candidate.inode)
     }
 
     fn discover(&mut self) {
         let candidates = discovery::scan_proc(self.config.pids.as_deref());
         for candidate in candidates {
-            // Known segments, and other descriptors of a live process we
-            // already drain (one segment per process).
             if self.is_known(&candidate) {
                 continue;
             }

@@ -237,7 +237,7 @@ impl ObservationRing {
         self.episode_end_ticks.store(clock::ticks(), Ordering::Relaxed);
         // Release: a consumer that sees the episode closed sees its end time.
         self.in_episode.store(0, Ordering::Release);
-        let in_episode = self.dropped.owner_load() - self.episode_begin_dropped.owner_load();
+        let in_episode = self.dropped.owner_load().wrapping_sub(self.episode_begin_dropped.owner_load());
         hooks::subetha_drop_end(self as *const Self as usize, in_episode);
     }
 

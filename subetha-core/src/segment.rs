@@ -245,7 +245,8 @@ impl RingSlot {
         if behind == 0 {
             return total;
         }
-        let fixed = total + u64::from(behind);
+        // Wrapping: the word may have been overwritten by a hostile process.
+        let fixed = total.wrapping_add(u64::from(behind));
         self.drained_total.store(fixed, Ordering::Relaxed);
         fixed
     }

@@ -5,6 +5,7 @@
 //!   errors, the whole test suite, and the loom models.
 //! * `bench` — the comparative benchmarks, summarised as one table.
 //! * `demo`  — the agent and an instrumented workload, with a drop storm.
+//! * `fuzz`  — the cargo-fuzz targets, for a bounded time.
 
 use std::process::Command;
 
@@ -13,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod fuzz;
 
 #[derive(Parser)]
 #[command(about = "subetha project automation")]
@@ -29,6 +31,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// The agent plus an instrumented workload, with a drop storm diagnosed.
     Demo(demo::DemoArgs),
+    /// Fuzz segment validation and draining for a bounded time.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -36,6 +40,7 @@ fn main() -> Result<()> {
         Task::Ci => ci(),
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     }
 }
 
