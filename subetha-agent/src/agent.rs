@@ -110,6 +110,7 @@ struct Tracked {
     /// of open episodes by episode seq.
     last_episode_seq: u64,
     open_storms: HashMap<u64, u64>,
+    storms_begun: u64,
 }
 
 struct State {
@@ -327,6 +328,7 @@ impl State {
             exited: None,
             last_episode_seq: 0,
             open_storms: HashMap::new(),
+            storms_begun: 0,
         };
         tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
         tracked.try_take_lease(self.config.takeover_timeout);
@@ -448,6 +450,7 @@ impl State {
         }
         for (episode, first_instance) in new {
             tracked.last_episode_seq = episode.seq;
+            tracked.storms_begun += 1;
             let id = self.next_storm_id;
             self.next_storm_id += 1;
             let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
@@ -626,6 +629,7 @@ impl Tracked {
             unattributed: self.drainer.totals().unattributed,
             drained: rings.iter().map(|r| r.drained).sum(),
             dropped: rings.iter().map(|r| r.dropped).sum(),
+            storms: self.storms_begun,
             rings,
             instances,
         }

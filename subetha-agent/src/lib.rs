@@ -15,6 +15,9 @@ pub mod agent;
 pub mod client;
 pub mod discovery;
 pub mod doctor;
+pub mod export;
+pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod registration;
 

@@ -230,10 +230,11 @@ fn run(args: RunArgs) -> Result<()> {
         let _ = stop_tx.send(true);
         let _ = server.await;
     });
+    drop(source);
     let agent = Arc::try_unwrap(agent).map_err(|_| anyhow::anyhow!("agent still referenced at shutdown"))?;
     let last = agent.stop();
     if let Some(mut exporter) = exporter {
-        exporter.export(&last)?;
+        exporter.export_final(&last)?;
         exporter.finish()?;
     }
     Ok(())

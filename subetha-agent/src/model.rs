@@ -119,6 +119,9 @@ pub struct ProcessReport {
     pub drained: u64,
     /// Σ over rings of `dropped`.
     pub dropped: u64,
+    /// Drop storms begun in this process since the agent attached (never
+    /// decreases, unlike the bounded storm history).
+    pub storms: u64,
     /// Ring slots in use or used.
     pub rings: Vec<RingReport>,
     /// Live and retired instances.

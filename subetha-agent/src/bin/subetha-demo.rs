@@ -116,7 +116,7 @@ impl Shared {
             let mut orders = self.lock_observed(&self.orders, &self.orders_lock);
             *orders.entry(seq % 1024).or_default() += 1;
         }
-        if seq % 4 == 0 {
+        if seq.is_multiple_of(4) {
             match self.cache.try_lock() {
                 Ok(mut cache) => {
                     self.truth.observe(&self.cache_lock, TRY_LOCK, 0, 0);

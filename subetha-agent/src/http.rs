@@ -1,0 +1,494 @@
+//! The HTTP server: `/metrics`, the JSON API and `/healthz`.
+//!
+//! | path                 | answer                                                  |
+//! |----------------------|---------------------------------------------------------|
+//! | `/metrics`           | Prometheus metrics ([`crate::metrics`]; OpenMetrics when the `Accept` header asks for it, text 0.0.4 otherwise) |
+//! | `/api/v1/snapshot`   | the whole [`AgentSnapshot`]                             |
+//! | `/api/v1/processes`  | `[ProcessReport]`; `?pid=N` filters                     |
+//! | `/api/v1/instances`  | `[{pid, comm, …InstanceReport}]`; `?pid=N` filters      |
+//! | `/api/v1/storms`     | `[StormReport]`, oldest first; `?pid=N`, `?since=ID` (ids above ID) filter |
+//! | `/healthz`           | `ok scans=N`, or 503 when the scan thread stopped publishing |
+//!
+//! Every answer is rendered from the latest snapshot the source returns.
+//! Unknown paths answer 404 and bad queries 400, with a JSON
+//! `{"error": …}` body.
+//!
+//! The caller binds the listener (loopback by default: which interface to
+//! expose is the CLI's decision, never this module's).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{self, Format};
+use crate::model::{AgentSnapshot, InstanceReport, ProcessReport, StormReport};
+
+/// Where the server gets the latest snapshot.
+pub type SnapshotSource = Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync>;
+
+/// A snapshot older than this makes `/healthz` answer 503: the scan thread
+/// publishes several times a second, so this means it is stuck.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// How long in-flight requests may take to finish after shutdown was
+/// signalled before [`serve`] returns anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The source, taken away when [`serve`] returns so connections that outlive
+/// it hold no reference to what the source captured.
+#[derive(Clone)]
+struct AppState(Arc<RwLock<Option<SnapshotSource>>>);
+
+impl AppState {
+    fn snapshot(&self) -> Result<Arc<AgentSnapshot>, ApiError> {
+        let source = self.0.read().clone();
+        match source {
+            Some(source) => Ok(source()),
+            None => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into())),
+        }
+    }
+}
+
+/// An error answered as `{"error": message}` with its status.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        #[derive(Serialize)]
+        struct ErrorBody {
+            error: String,
+        }
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The router serving every endpoint from `source`.
+pub fn router(source: SnapshotSource) -> Router {
+    router_with_state(AppState(Arc::new(RwLock::new(Some(source)))))
+}
+
+fn router_with_state(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/api/v1/snapshot", get(api_snapshot))
+        .route("/api/v1/processes", get(api_processes))
+        .route("/api/v1/instances", get(api_instances))
+        .route("/api/v1/storms", get(api_storms))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// Serves [`router`] on `listener` until `shutdown` completes, then lets
+/// in-flight requests finish (at most [`SHUTDOWN_GRACE`]) and returns. When
+/// it returns, the server holds no clone of `source` any more.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    source: SnapshotSource,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    serve_with_grace(listener, source, shutdown, SHUTDOWN_GRACE).await
+}
+
+async fn serve_with_grace(
+    listener: tokio::net::TcpListener,
+    source: SnapshotSource,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let state = AppState(Arc::new(RwLock::new(Some(source))));
+    let app = router_with_state(state.clone());
+    let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+    let signal = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(true);
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+    let deadline = async move {
+        if stopping_rx.wait_for(|stopping| *stopping).await.is_err() {
+            // The server ended before shutdown was signalled.
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        result = server => result.context("HTTP server failed"),
+        () = deadline => {
+            tracing::warn!(?grace, "HTTP requests still in flight at shutdown; not waiting for them");
+            Ok(())
+        }
+    };
+    state.0.write().take();
+    result
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no such endpoint: {}", uri.path()))
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed (use GET)".into(),
+    )
+}
+
+async fn index() -> &'static str {
+    "subetha-agent\n\
+     /metrics            Prometheus metrics\n\
+     /api/v1/snapshot    everything the agent knows (JSON)\n\
+     /api/v1/processes   instrumented processes (JSON; ?pid=N)\n\
+     /api/v1/instances   instances of all processes (JSON; ?pid=N)\n\
+     /api/v1/storms      drop storms (JSON; ?pid=N&since=ID)\n\
+     /healthz            liveness\n"
+}
+
+async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> ApiResult {
+    let snapshot = state.snapshot()?;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
+    let body = metrics::render(&snapshot, format)
+        .map_err(|_| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics".into()))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(format.content_type()),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+async fn healthz(State(state): State<AppState>) -> ApiResult {
+    let snapshot = state.snapshot()?;
+    let taken = snapshot.agent.taken_mono_ns;
+    let age = Duration::from_nanos(subetha_core::clock::monotonic_ns().saturating_sub(taken));
+    // taken == 0: nothing published yet (starting).
+    if taken != 0 && age > STALE_AFTER {
+        let body = format!(
+            "stale: last snapshot {:.1} s ago, scans={}\n",
+            age.as_secs_f64(),
+            snapshot.agent.scans
+        );
+        return Ok((StatusCode::SERVICE_UNAVAILABLE, body).into_response());
+    }
+    Ok(format!("ok scans={}\n", snapshot.agent.scans).into_response())
+}
+
+/// Query filters of the list endpoints.
+#[derive(Debug, Default, Deserialize)]
+struct Filter {
+    pid: Option<u32>,
+    since: Option<u64>,
+}
+
+impl Filter {
+    fn from_query(query: Result<Query<Filter>, QueryRejection>) -> Result<Self, ApiError> {
+        query
+            .map(|Query(filter)| filter)
+            .map_err(|rejection| ApiError(StatusCode::BAD_REQUEST, rejection.body_text()))
+    }
+
+    fn pid(&self, pid: u32) -> bool {
+        self.pid.is_none_or(|p| p == pid)
+    }
+}
+
+async fn api_snapshot(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(&*state.snapshot()?).into_response())
+}
+
+async fn api_processes(
+    State(state): State<AppState>,
+    query: Result<Query<Filter>, QueryRejection>,
+) -> ApiResult {
+    let filter = Filter::from_query(query)?;
+    let snapshot = state.snapshot()?;
+    let processes: Vec<&ProcessReport> = snapshot.processes.iter().filter(|p| filter.pid(p.pid)).collect();
+    Ok(Json(processes).into_response())
+}
+
+/// An instance with its process.
+#[derive(Serialize)]
+struct InstanceEntry<'a> {
+    pid: u32,
+    comm: &'a str,
+    #[serde(flatten)]
+    instance: &'a InstanceReport,
+}
+
+async fn api_instances(
+    State(state): State<AppState>,
+    query: Result<Query<Filter>, QueryRejection>,
+) -> ApiResult {
+    let filter = Filter::from_query(query)?;
+    let snapshot = state.snapshot()?;
+    let instances: Vec<InstanceEntry<'_>> = snapshot
+        .processes
+        .iter()
+        .filter(|p| filter.pid(p.pid))
+        .flat_map(|p| {
+            p.instances.iter().map(|instance| InstanceEntry {
+                pid: p.pid,
+                comm: &p.comm,
+                instance,
+            })
+        })
+        .collect();
+    Ok(Json(instances).into_response())
+}
+
+async fn api_storms(
+    State(state): State<AppState>,
+    query: Result<Query<Filter>, QueryRejection>,
+) -> ApiResult {
+    let filter = Filter::from_query(query)?;
+    let snapshot = state.snapshot()?;
+    let storms: Vec<&StormReport> = snapshot
+        .storms
+        .iter()
+        .filter(|s| filter.pid(s.pid) && filter.since.is_none_or(|since| s.id > since))
+        .collect();
+    Ok(Json(storms).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::tests::sample;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    struct Reply {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl Reply {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        }
+
+        fn json(&self) -> serde_json::Value {
+            assert_eq!(
+                self.header("content-type"),
+                Some("application/json"),
+                "{}",
+                self.body
+            );
+            serde_json::from_str(&self.body).unwrap()
+        }
+    }
+
+    /// A minimal HTTP/1.1 client: one request per connection.
+    async fn request(addr: std::net::SocketAddr, method: &str, target: &str, extra: &str) -> Reply {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+        let headers: Vec<(String, String)> = lines
+            .map(|l| {
+                let (n, v) = l.split_once(':').unwrap();
+                (n.trim().to_string(), v.trim().to_string())
+            })
+            .collect();
+        let chunked = headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+        let body = if chunked { dechunk(body) } else { body.to_string() };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn dechunk(mut rest: &str) -> String {
+        let mut out = String::new();
+        loop {
+            let (size, after) = rest.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                return out;
+            }
+            out.push_str(&after[..size]);
+            rest = &after[size + 2..];
+        }
+    }
+
+    #[tokio::test]
+    async fn endpoints() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let snapshot = Arc::new(sample());
+        let source: SnapshotSource = {
+            let snapshot = Arc::clone(&snapshot);
+            Arc::new(move || Arc::clone(&snapshot))
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, source, async move {
+            let _ = stop_rx.await;
+        }));
+
+        let reply = request(addr, "GET", "/metrics", "").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("content-type"),
+            Some(metrics::PROMETHEUS_TEXT_CONTENT_TYPE)
+        );
+        assert!(
+            reply.body.contains("\nsubetha_agent_scans_total 1234\n"),
+            "{}",
+            reply.body
+        );
+        let reply = request(
+            addr,
+            "GET",
+            "/metrics",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.header("content-type"),
+            Some(metrics::OPENMETRICS_CONTENT_TYPE)
+        );
+        assert!(reply.body.ends_with("# EOF\n"));
+
+        let reply = request(addr, "GET", "/api/v1/snapshot", "").await;
+        assert_eq!(reply.status, 200);
+        let back: AgentSnapshot = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(back, *snapshot);
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+
+        let processes = request(addr, "GET", "/api/v1/processes", "").await.json();
+        assert_eq!(processes.as_array().unwrap().len(), 1);
+        assert_eq!(processes[0]["pid"], 4242);
+        assert_eq!(processes[0]["rings"].as_array().unwrap().len(), 2);
+        let none = request(addr, "GET", "/api/v1/processes?pid=1", "").await.json();
+        assert_eq!(none.as_array().unwrap().len(), 0);
+
+        let instances = request(addr, "GET", "/api/v1/instances?pid=4242", "")
+            .await
+            .json();
+        let names: Vec<&str> = instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["state", "jobs"]);
+        assert_eq!(instances[1]["pid"], 4242);
+        assert_eq!(instances[1]["comm"], "app");
+        assert_eq!(instances[1]["misses"], 7);
+
+        let storms = request(addr, "GET", "/api/v1/storms", "").await.json();
+        assert_eq!(storms.as_array().unwrap().len(), 3);
+        let storms = request(addr, "GET", "/api/v1/storms?pid=4242&since=1", "")
+            .await
+            .json();
+        let ids: Vec<u64> = storms
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [2]);
+
+        let bad = request(addr, "GET", "/api/v1/storms?pid=abc", "").await;
+        assert_eq!(bad.status, 400);
+        assert!(bad.json()["error"].is_string());
+
+        let reply = request(addr, "GET", "/healthz", "").await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body, "ok scans=1234\n");
+
+        let missing = request(addr, "GET", "/nope", "").await;
+        assert_eq!(missing.status, 404);
+        assert_eq!(missing.json()["error"], "no such endpoint: /nope");
+        let post = request(addr, "POST", "/metrics", "Content-Length: 0\r\n").await;
+        assert_eq!(post.status, 405);
+        assert!(post.json()["error"].is_string());
+
+        // Graceful shutdown: serve returns and drops the source.
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        assert_eq!(Arc::strong_count(&snapshot), 1);
+    }
+
+    #[tokio::test]
+    async fn healthz_reports_a_stuck_scanner() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut snapshot = sample();
+        let now = subetha_core::clock::monotonic_ns();
+        snapshot.agent.taken_mono_ns = now.saturating_sub(STALE_AFTER.as_nanos() as u64 * 2).max(1);
+        let snapshot = Arc::new(snapshot);
+        let source: SnapshotSource = Arc::new(move || Arc::clone(&snapshot));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, source, async move {
+            let _ = stop_rx.await;
+        }));
+        let reply = request(addr, "GET", "/healthz", "").await;
+        if now > STALE_AFTER.as_nanos() as u64 * 2 {
+            assert_eq!(reply.status, 503, "{}", reply.body);
+            assert!(reply.body.starts_with("stale: "));
+        }
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn shutdown_does_not_wait_for_a_stalled_client() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let source: SnapshotSource = Arc::new(|| Arc::new(sample()));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let grace = Duration::from_millis(200);
+        let server = tokio::spawn(serve_with_grace(
+            listener,
+            source,
+            async move {
+                let _ = stop_rx.await;
+            },
+            grace,
+        ));
+        // A client that never finishes its request headers.
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        stalled
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        let took = started.elapsed();
+        assert!(took >= grace && took < grace + Duration::from_secs(2), "{took:?}");
+    }
+}

@@ -1,0 +1,1057 @@
+//! `/metrics`: an [`AgentSnapshot`] in the Prometheus exposition formats.
+//!
+//! Every value comes from the snapshot, nothing is incremented live: a
+//! [`Collector`] turns the snapshot into `ConstCounter`/`ConstGauge`/info
+//! series on each scrape, so a process that left the snapshot (its
+//! retention ran out) simply stops having series.
+//!
+//! Two formats, chosen by [`Format::negotiate`] from the `Accept` header:
+//! OpenMetrics 1.0 (what Prometheus asks for) and the classic text format
+//! 0.0.4 (what `curl … | promtool check metrics` gets).
+//!
+//! # Summaries
+//!
+//! The model keeps latency and scan timing as quantiles, not buckets, and
+//! `prometheus-client` has no summary type, so the three summary families
+//! (`subetha_scan_duration_seconds`, `subetha_scan_gap_seconds`,
+//! `subetha_instance_latency_seconds`) are written by this module after the
+//! collector's families, with the same label escaping. They carry
+//! `quantile="0.5|0.9|0.99|0.999"` and `_count`, but no `_sum`: the model has
+//! no sum, and both formats allow a summary without one (promlint forbids a
+//! `quantile` label on a gauge, so quantile gauges were not an option). The
+//! exact maximum of each is a separate gauge (`…_max_seconds`).
+//!
+//! # Label names
+//!
+//! Instances are labelled `instance_id` and `instance_name`, not
+//! `instance`: Prometheus attaches its own `instance` (the scrape target) and
+//! would rename ours to `exported_instance`. The id keeps two instances of a
+//! process that share a name apart.
+
+use std::collections::HashSet;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelValue, EncodeMetric,
+    LabelValueEncoder, prometheus_text, text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::model::{AgentSnapshot, InstanceReport, OpReport, ProcessReport, Quantiles, RingReport};
+
+/// `Content-Type` of the OpenMetrics text format.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `Content-Type` of the classic Prometheus text format.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Process states always reported by `subetha_processes`, even at zero.
+const PROCESS_STATES: [&str; 3] = ["attached", "waiting", "exited"];
+
+/// Ring states always reported by `subetha_rings`, even at zero.
+const RING_STATES: [&str; 4] = ["active", "orphaned", "claimed", "free"];
+
+/// An exposition format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text (ends with `# EOF`).
+    OpenMetrics,
+    /// Prometheus text format 0.0.4.
+    PrometheusText,
+}
+
+impl Format {
+    /// The `Content-Type` to answer with.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+            Format::PrometheusText => PROMETHEUS_TEXT_CONTENT_TYPE,
+        }
+    }
+
+    /// The format an `Accept` header prefers: OpenMetrics when it is asked
+    /// for with a quality at least that of `text/plain` (or `*/*`), the
+    /// classic text format otherwise (also without a header).
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let Some(accept) = accept else {
+            return Format::PrometheusText;
+        };
+        let mut openmetrics = 0.0f32;
+        let mut plain = 0.0f32;
+        for range in accept.split(',') {
+            let mut params = range.split(';');
+            let media = params.next().unwrap_or("").trim().to_ascii_lowercase();
+            let quality = params
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .and_then(|(_, v)| v.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(quality),
+                "text/plain" | "text/*" | "*/*" => plain = plain.max(quality),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= plain {
+            Format::OpenMetrics
+        } else {
+            Format::PrometheusText
+        }
+    }
+}
+
+/// Renders `snapshot` in `format`.
+pub fn render(snapshot: &Arc<AgentSnapshot>, format: Format) -> Result<String, fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot))));
+    let mut out = String::with_capacity(16 * 1024);
+    match format {
+        Format::OpenMetrics => text::encode_registry(&mut out, &registry)?,
+        Format::PrometheusText => prometheus_text::encode(&mut out, &registry)?,
+    }
+    write_summaries(&mut out, snapshot, format)?;
+    if format == Format::OpenMetrics {
+        text::encode_eof(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// A label value: borrowed text or a number.
+#[derive(Clone, Copy, Debug)]
+enum Value<'a> {
+    Str(&'a str),
+    Num(u64),
+}
+
+impl EncodeLabelValue for Value<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+        match self {
+            Value::Str(s) => EncodeLabelValue::encode(s, encoder),
+            Value::Num(n) => EncodeLabelValue::encode(n, encoder),
+        }
+    }
+}
+
+type Labels<'a> = Vec<(&'static str, Value<'a>)>;
+
+/// One process with its rings, instances and op kinds, duplicates removed so
+/// no two series of a family share a label set.
+struct ProcessView<'a> {
+    process: &'a ProcessReport,
+    rings: Vec<&'a RingReport>,
+    instances: Vec<(&'a InstanceReport, Vec<&'a OpReport>)>,
+}
+
+impl<'a> ProcessView<'a> {
+    fn labels(&self) -> Labels<'a> {
+        vec![
+            ("pid", Value::Num(self.process.pid.into())),
+            ("comm", Value::Str(&self.process.comm)),
+        ]
+    }
+
+    fn ring_labels(&self, ring: &'a RingReport) -> Labels<'a> {
+        let mut labels = self.labels();
+        labels.extend([
+            ("slot", Value::Num(ring.slot.into())),
+            ("tid", Value::Num(ring.tid.into())),
+            ("thread", Value::Str(&ring.thread_name)),
+        ]);
+        labels
+    }
+
+    fn instance_labels(&self, instance: &'a InstanceReport) -> Labels<'a> {
+        let mut labels = self.labels();
+        labels.extend([
+            ("instance_id", Value::Num(instance.id.into())),
+            ("instance_name", Value::Str(&instance.name)),
+            ("kind", Value::Str(&instance.kind)),
+        ]);
+        labels
+    }
+
+    fn op_labels(&self, instance: &'a InstanceReport, op: &'a OpReport) -> Labels<'a> {
+        let mut labels = self.instance_labels(instance);
+        labels.push(("op", Value::Str(&op.name)));
+        labels
+    }
+
+    /// `(labels, instance, op)` for every op kind of every instance.
+    fn ops(&self) -> impl Iterator<Item = (Labels<'a>, &'a InstanceReport, &'a OpReport)> + '_ {
+        self.instances.iter().flat_map(move |(instance, ops)| {
+            ops.iter()
+                .map(move |op| (self.op_labels(instance, op), *instance, *op))
+        })
+    }
+}
+
+/// The processes of `snapshot`, a pid reported twice (reused while the
+/// exited one is retained) keeping its live entry, an instance id reported
+/// twice keeping its live entry, an op name reported twice its first entry.
+fn views(snapshot: &AgentSnapshot) -> Vec<ProcessView<'_>> {
+    let live: HashSet<u32> = snapshot
+        .processes
+        .iter()
+        .filter(|p| p.state != "exited")
+        .map(|p| p.pid)
+        .collect();
+    let mut seen = HashSet::new();
+    let mut views = Vec::with_capacity(snapshot.processes.len());
+    for process in &snapshot.processes {
+        if (process.state == "exited" && live.contains(&process.pid)) || !seen.insert(process.pid) {
+            continue;
+        }
+        let mut slots = HashSet::new();
+        let rings = process.rings.iter().filter(|r| slots.insert(r.slot)).collect();
+        let live_ids: HashSet<u32> = process
+            .instances
+            .iter()
+            .filter(|i| !i.retired)
+            .map(|i| i.id)
+            .collect();
+        let mut ids = HashSet::new();
+        let instances = process
+            .instances
+            .iter()
+            .filter(|i| !(i.retired && live_ids.contains(&i.id)) && ids.insert(i.id))
+            .map(|instance| {
+                let mut names = HashSet::new();
+                let ops = instance
+                    .per_op
+                    .iter()
+                    .filter(|op| names.insert(op.name.as_str()))
+                    .collect();
+                (instance, ops)
+            })
+            .collect();
+        views.push(ProcessView {
+            process,
+            rings,
+            instances,
+        });
+    }
+    views
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Writes a counter family (`name` without `_total`); nothing when empty.
+fn counter<'a, V: EncodeCounterValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels<'a>, V)>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes a gauge family (`name` without the unit suffix); nothing when
+/// empty.
+fn gauge<'a, V: EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    series: impl IntoIterator<Item = (Labels<'a>, V)>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut metric = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    for (labels, value) in series {
+        ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes an info family (`name` without `_info`); nothing when empty.
+fn info<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = Labels<'a>>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Info)?;
+    for labels in series {
+        metric.encode_info(&labels)?;
+    }
+    Ok(())
+}
+
+/// The counter and gauge families of one snapshot.
+#[derive(Debug)]
+struct SnapshotCollector(Arc<AgentSnapshot>);
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let snapshot = &*self.0;
+        let agent = &snapshot.agent;
+        let views = views(snapshot);
+        let e = &mut encoder;
+
+        info(
+            e,
+            "subetha_agent",
+            "The subetha agent serving these metrics.",
+            [vec![("version", Value::Str(&agent.version))]],
+        )?;
+        counter(
+            e,
+            "subetha_agent_scans",
+            "Scans of all attached segments completed.",
+            [(vec![], agent.scans)],
+        )?;
+        gauge(
+            e,
+            "subetha_agent_scan_interval",
+            "Current pause between scans (adapts to ring fill).",
+            Some(&Unit::Seconds),
+            [(vec![], agent.scan_interval_us as f64 / 1e6)],
+        )?;
+        gauge(
+            e,
+            "subetha_scan_duration_max",
+            "Longest scan of all attached segments.",
+            Some(&Unit::Seconds),
+            [(vec![], seconds(agent.scan_duration_ns.max))],
+        )?;
+        gauge(
+            e,
+            "subetha_scan_gap_max",
+            "Longest gap between the end of a scan and the start of the next.",
+            Some(&Unit::Seconds),
+            [(vec![], seconds(agent.scan_gap_ns.max))],
+        )?;
+        gauge(
+            e,
+            "subetha_segments_refused",
+            "Segments found but refused as invalid (bounded history).",
+            None,
+            [(vec![], snapshot.refused.len() as u64)],
+        )?;
+
+        let mut states: Vec<(&str, u64)> = PROCESS_STATES.iter().map(|s| (*s, 0)).collect();
+        for view in &views {
+            match states.iter_mut().find(|(s, _)| *s == view.process.state) {
+                Some((_, n)) => *n += 1,
+                None => states.push((&view.process.state, 1)),
+            }
+        }
+        gauge(
+            e,
+            "subetha_processes",
+            "Instrumented processes by state (attached, waiting, exited and retained).",
+            None,
+            states
+                .into_iter()
+                .map(|(state, n)| (vec![("state", Value::Str(state))], n)),
+        )?;
+        info(
+            e,
+            "subetha_process",
+            "An instrumented process the agent knows, with its owner and state.",
+            views.iter().map(|v| {
+                let mut labels = v.labels();
+                labels.push(("uid", Value::Num(v.process.uid.into())));
+                labels.push(("state", Value::Str(&v.process.state)));
+                labels
+            }),
+        )?;
+        gauge(
+            e,
+            "subetha_segment_size",
+            "Size of the process's shared-memory segment.",
+            Some(&Unit::Bytes),
+            views.iter().map(|v| (v.labels(), v.process.segment_bytes)),
+        )?;
+        gauge(
+            e,
+            "subetha_segment_resident",
+            "Resident (touched) part of the process's shared-memory segment.",
+            Some(&Unit::Bytes),
+            views
+                .iter()
+                .map(|v| (v.labels(), v.process.segment_resident_bytes)),
+        )?;
+        counter(
+            e,
+            "subetha_observations_lost_no_ring",
+            "Observations lost because their thread found no free ring slot.",
+            views.iter().map(|v| (v.labels(), v.process.lost_no_ring)),
+        )?;
+        counter(
+            e,
+            "subetha_observations_unattributed",
+            "Drained observations whose instance id matched no registered instance.",
+            views.iter().map(|v| (v.labels(), v.process.unattributed)),
+        )?;
+
+        gauge(
+            e,
+            "subetha_rings",
+            "Ring slots of the process by state.",
+            None,
+            views.iter().flat_map(|v| {
+                RING_STATES.iter().map(move |state| {
+                    let mut labels = v.labels();
+                    labels.push(("state", Value::Str(state)));
+                    (
+                        labels,
+                        v.rings.iter().filter(|r| r.state == *state).count() as u64,
+                    )
+                })
+            }),
+        )?;
+        gauge(
+            e,
+            "subetha_rings_corrupt",
+            "Ring slots whose indices were impossible (corrupt or hostile segment).",
+            None,
+            views.iter().map(|v| {
+                (
+                    v.labels(),
+                    v.rings.iter().filter(|r| r.corrupt.is_some()).count() as u64,
+                )
+            }),
+        )?;
+        let rings = || {
+            views
+                .iter()
+                .flat_map(|v| v.rings.iter().map(move |r| (v.ring_labels(r), *r)))
+        };
+        counter(
+            e,
+            "subetha_observations_drained",
+            "Observations drained from the ring slot over its life, by any consumer.",
+            rings().map(|(l, r)| (l, r.drained)),
+        )?;
+        counter(
+            e,
+            "subetha_observations_dropped",
+            "Observations dropped because the ring slot was full, over its life.",
+            rings().map(|(l, r)| (l, r.dropped)),
+        )?;
+        counter(
+            e,
+            "subetha_drop_episodes",
+            "Drop episodes (runs of consecutive drops) seen on the ring slot by this agent.",
+            rings().map(|(l, r)| (l, r.episodes)),
+        )?;
+
+        let ops = || views.iter().flat_map(ProcessView::ops);
+        counter(
+            e,
+            "subetha_instance_ops",
+            "Operations on the instance, by op kind.",
+            ops().map(|(l, _, op)| (l, op.ops)),
+        )?;
+        counter(
+            e,
+            "subetha_instance_contended",
+            "Operations on the instance that had to wait, by op kind.",
+            ops().map(|(l, _, op)| (l, op.contended)),
+        )?;
+        counter(
+            e,
+            "subetha_instance_misses",
+            "Operations on the instance that found nothing (empty or full, timed out), by op kind.",
+            ops().map(|(l, _, op)| (l, op.misses)),
+        )?;
+        gauge(
+            e,
+            "subetha_instance_threads",
+            "Distinct producer threads seen operating on the instance, by op kind.",
+            None,
+            ops().map(|(l, _, op)| (l, op.threads)),
+        )?;
+        gauge(
+            e,
+            "subetha_instance_latency_max",
+            "Longest measured operation latency on the instance, by op kind.",
+            Some(&Unit::Seconds),
+            ops()
+                .filter(|(_, _, op)| op.latency_ns.count > 0)
+                .map(|(l, _, op)| (l, seconds(op.latency_ns.max))),
+        )?;
+        counter(
+            e,
+            "subetha_instance_drops_attributed",
+            "Ring drops attributed to the instance (first dropped observation of an episode).",
+            views.iter().flat_map(|v| {
+                v.instances
+                    .iter()
+                    .map(move |(i, _)| (v.instance_labels(i), i.drops_attributed))
+            }),
+        )?;
+
+        let open_storms = |view: &ProcessView| {
+            let pid = view.process.pid;
+            snapshot
+                .storms
+                .iter()
+                .filter(|s| s.pid == pid && s.end_mono_ns.is_none())
+                .count() as u64
+        };
+        counter(
+            e,
+            "subetha_storms",
+            "Drop storms begun in the process since the agent attached.",
+            views.iter().map(|v| (v.labels(), v.process.storms)),
+        )?;
+        gauge(
+            e,
+            "subetha_storms_active",
+            "Drop storms of the process still going on.",
+            None,
+            views.iter().map(|v| (v.labels(), open_storms(v))),
+        )
+    }
+}
+
+/// Escapes a label value for both text formats.
+fn write_label_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn write_labels(out: &mut String, labels: &Labels<'_>, quantile: Option<&str>) {
+    let extra = quantile.map(|q| ("quantile", Value::Str(q)));
+    let mut first = true;
+    for (key, value) in labels.iter().copied().chain(extra) {
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        out.push_str(key);
+        out.push_str("=\"");
+        match value {
+            Value::Str(s) => write_label_value(out, s),
+            Value::Num(n) => {
+                let _ = write!(out, "{n}");
+            }
+        }
+        out.push('"');
+    }
+    if !first {
+        out.push('}');
+    }
+}
+
+/// Writes a summary family of quantiles in ns as seconds (quantile lines
+/// only for series with samples); nothing when empty.
+fn summary<'a>(
+    out: &mut String,
+    format: Format,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels<'a>, Quantiles)>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    writeln!(out, "# HELP {name} {help}")?;
+    writeln!(out, "# TYPE {name} summary")?;
+    if format == Format::OpenMetrics {
+        writeln!(out, "# UNIT {name} seconds")?;
+    }
+    for (labels, q) in series {
+        if q.count > 0 {
+            for (quantile, ns) in [("0.5", q.p50), ("0.9", q.p90), ("0.99", q.p99), ("0.999", q.p999)] {
+                out.push_str(name);
+                write_labels(out, &labels, Some(quantile));
+                writeln!(out, " {}", seconds(ns))?;
+            }
+        }
+        out.push_str(name);
+        out.push_str("_count");
+        write_labels(out, &labels, None);
+        writeln!(out, " {}", q.count)?;
+    }
+    Ok(())
+}
+
+fn write_summaries(out: &mut String, snapshot: &AgentSnapshot, format: Format) -> fmt::Result {
+    let agent = &snapshot.agent;
+    summary(
+        out,
+        format,
+        "subetha_scan_duration_seconds",
+        "Duration of one scan of all attached segments.",
+        [(vec![], agent.scan_duration_ns)],
+    )?;
+    summary(
+        out,
+        format,
+        "subetha_scan_gap_seconds",
+        "Gap between the end of a scan and the start of the next.",
+        [(vec![], agent.scan_gap_ns)],
+    )?;
+    let views = views(snapshot);
+    summary(
+        out,
+        format,
+        "subetha_instance_latency_seconds",
+        "Measured operation latency on the instance (contended and sampled paths), by op kind.",
+        views
+            .iter()
+            .flat_map(ProcessView::ops)
+            .filter(|(_, _, op)| op.latency_ns.count > 0)
+            .map(|(labels, _, op)| (labels, op.latency_ns)),
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::{AgentInfo, StormReport};
+
+    fn q(count: u64, base_ns: u64) -> Quantiles {
+        Quantiles {
+            count,
+            p50: base_ns,
+            p90: base_ns * 2,
+            p99: base_ns * 4,
+            p999: base_ns * 8,
+            max: base_ns * 10,
+        }
+    }
+
+    pub(crate) fn sample() -> AgentSnapshot {
+        AgentSnapshot {
+            agent: AgentInfo {
+                pid: 1,
+                version: "0.1.0".into(),
+                taken_mono_ns: 0,
+                taken_unix_ms: 1_700_000_000_000,
+                scans: 1234,
+                scan_interval_us: 500,
+                scan_duration_ns: q(1234, 20_000),
+                scan_gap_ns: q(1233, 500_000),
+                probes: "off".into(),
+            },
+            processes: vec![ProcessReport {
+                pid: 4242,
+                comm: "app".into(),
+                uid: 1000,
+                state: "attached".into(),
+                note: None,
+                attached_mono_ns: 1,
+                exited_mono_ns: None,
+                segment_bytes: 1 << 20,
+                segment_resident_bytes: 65536,
+                lost_no_ring: 3,
+                unattributed: 1,
+                drained: 1500,
+                dropped: 40,
+                storms: 2,
+                rings: vec![
+                    RingReport {
+                        slot: 0,
+                        state: "active".into(),
+                        generation: 1,
+                        tid: 4242,
+                        thread_name: "main".into(),
+                        drained: 1000,
+                        dropped: 0,
+                        episodes: 0,
+                        corrupt: None,
+                    },
+                    RingReport {
+                        slot: 1,
+                        state: "active".into(),
+                        generation: 1,
+                        tid: 4243,
+                        thread_name: "worker-1".into(),
+                        drained: 500,
+                        dropped: 40,
+                        episodes: 2,
+                        corrupt: None,
+                    },
+                ],
+                instances: vec![
+                    InstanceReport {
+                        id: 1,
+                        kind: "mutex".into(),
+                        name: "state".into(),
+                        ops: 1000,
+                        contended: 10,
+                        latency_ns: q(10, 1000),
+                        threads: 2,
+                        per_op: vec![OpReport {
+                            op: 1,
+                            name: "lock".into(),
+                            ops: 1000,
+                            contended: 10,
+                            misses: 0,
+                            latency_ns: q(10, 1000),
+                            threads: 2,
+                        }],
+                        ..Default::default()
+                    },
+                    InstanceReport {
+                        id: 2,
+                        kind: "channel".into(),
+                        name: "jobs".into(),
+                        ops: 500,
+                        misses: 7,
+                        drops_attributed: 40,
+                        threads: 1,
+                        per_op: vec![
+                            OpReport {
+                                op: 1,
+                                name: "send".into(),
+                                ops: 300,
+                                threads: 1,
+                                ..Default::default()
+                            },
+                            OpReport {
+                                op: 2,
+                                name: "recv".into(),
+                                ops: 200,
+                                misses: 7,
+                                threads: 1,
+                                ..Default::default()
+                            },
+                        ],
+                        ..Default::default()
+                    },
+                ],
+            }],
+            storms: vec![
+                StormReport {
+                    id: 1,
+                    pid: 4242,
+                    comm: "app".into(),
+                    slot: 1,
+                    tid: 4243,
+                    thread_name: "worker-1".into(),
+                    begin_mono_ns: 100,
+                    end_mono_ns: Some(200),
+                    duration_ns: 100,
+                    dropped: 30,
+                    ..Default::default()
+                },
+                StormReport {
+                    id: 2,
+                    pid: 4242,
+                    comm: "app".into(),
+                    slot: 1,
+                    tid: 4243,
+                    thread_name: "worker-1".into(),
+                    begin_mono_ns: 300,
+                    dropped: 10,
+                    ..Default::default()
+                },
+                // A process whose retention ran out: no series.
+                StormReport {
+                    id: 3,
+                    pid: 999,
+                    comm: "gone".into(),
+                    ..Default::default()
+                },
+            ],
+            refused: vec![],
+        }
+    }
+
+    fn render_text(snapshot: AgentSnapshot, format: Format) -> String {
+        render(&Arc::new(snapshot), format).unwrap()
+    }
+
+    fn assert_lines(out: &str, expected: &[&str]) {
+        let lines: HashSet<&str> = out.lines().collect();
+        for line in expected {
+            assert!(lines.contains(line), "missing line {line:?} in\n{out}");
+        }
+    }
+
+    const LOCK: &str =
+        r#"pid="4242",comm="app",instance_id="1",instance_name="state",kind="mutex",op="lock""#;
+
+    #[test]
+    fn prometheus_text_lines() {
+        let out = render_text(sample(), Format::PrometheusText);
+        let lock = |name: &str, extra: &str, value: &str| format!("{name}{{{LOCK}{extra}}} {value}");
+        let expected = [
+            "# HELP subetha_agent_scans_total Scans of all attached segments completed.".to_string(),
+            "# TYPE subetha_agent_scans_total counter".into(),
+            "subetha_agent_scans_total 1234".into(),
+            "subetha_agent_info{version=\"0.1.0\"} 1".into(),
+            "subetha_agent_scan_interval_seconds 0.0005".into(),
+            "# TYPE subetha_processes gauge".into(),
+            "subetha_processes{state=\"attached\"} 1".into(),
+            "subetha_processes{state=\"waiting\"} 0".into(),
+            "subetha_processes{state=\"exited\"} 0".into(),
+            "subetha_process_info{pid=\"4242\",comm=\"app\",uid=\"1000\",state=\"attached\"} 1".into(),
+            "# TYPE subetha_segment_resident_bytes gauge".into(),
+            "subetha_segment_resident_bytes{pid=\"4242\",comm=\"app\"} 65536".into(),
+            "subetha_segment_size_bytes{pid=\"4242\",comm=\"app\"} 1048576".into(),
+            "subetha_observations_lost_no_ring_total{pid=\"4242\",comm=\"app\"} 3".into(),
+            "subetha_observations_unattributed_total{pid=\"4242\",comm=\"app\"} 1".into(),
+            "subetha_rings{pid=\"4242\",comm=\"app\",state=\"active\"} 2".into(),
+            "subetha_rings{pid=\"4242\",comm=\"app\",state=\"free\"} 0".into(),
+            "subetha_rings_corrupt{pid=\"4242\",comm=\"app\"} 0".into(),
+            "# TYPE subetha_observations_drained_total counter".into(),
+            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"0\",tid=\"4242\",thread=\"main\"} 1000"
+                .into(),
+            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 500"
+                .into(),
+            "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 40"
+                .into(),
+            "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 2".into(),
+            lock("subetha_instance_ops_total", "", "1000"),
+            lock("subetha_instance_contended_total", "", "10"),
+            lock("subetha_instance_misses_total", "", "0"),
+            lock("subetha_instance_threads", "", "2"),
+            lock("subetha_instance_latency_max_seconds", "", "0.00001"),
+            "subetha_instance_misses_total{pid=\"4242\",comm=\"app\",instance_id=\"2\",instance_name=\"jobs\",\
+             kind=\"channel\",op=\"recv\"} 7"
+                .into(),
+            "subetha_instance_drops_attributed_total{pid=\"4242\",comm=\"app\",instance_id=\"2\",\
+             instance_name=\"jobs\",kind=\"channel\"} 40"
+                .into(),
+            "subetha_storms_total{pid=\"4242\",comm=\"app\"} 2".into(),
+            "subetha_storms_active{pid=\"4242\",comm=\"app\"} 1".into(),
+            "# TYPE subetha_scan_duration_seconds summary".into(),
+            "subetha_scan_duration_seconds{quantile=\"0.5\"} 0.00002".into(),
+            "subetha_scan_duration_seconds{quantile=\"0.999\"} 0.00016".into(),
+            "subetha_scan_duration_seconds_count 1234".into(),
+            "subetha_scan_gap_seconds{quantile=\"0.9\"} 0.001".into(),
+            "subetha_scan_gap_seconds_count 1233".into(),
+            "subetha_scan_duration_max_seconds 0.0002".into(),
+            "# TYPE subetha_instance_latency_seconds summary".into(),
+            lock("subetha_instance_latency_seconds", ",quantile=\"0.5\"", "0.000001"),
+            lock("subetha_instance_latency_seconds", ",quantile=\"0.99\"", "0.000004"),
+            lock("subetha_instance_latency_seconds_count", "", "10"),
+        ];
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        assert_lines(&out, &expected);
+        // No latency samples: no summary series, no max gauge.
+        assert!(
+            !out.contains(
+                "subetha_instance_latency_seconds_count{pid=\"4242\",comm=\"app\",instance_id=\"2\""
+            )
+        );
+        assert!(
+            !out.contains("subetha_instance_latency_max_seconds{pid=\"4242\",comm=\"app\",instance_id=\"2\"")
+        );
+        // Storms of a process that is no longer reported have no series.
+        assert!(!out.contains("pid=\"999\""));
+        assert!(!out.contains("# EOF"));
+        assert!(!out.contains("# UNIT"));
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_and_conventional_names() {
+        for format in [Format::PrometheusText, Format::OpenMetrics] {
+            let out = render_text(sample(), format);
+            let mut helps = HashSet::new();
+            let mut types = Vec::new();
+            for line in out.lines() {
+                if let Some(rest) = line.strip_prefix("# HELP ") {
+                    let name = rest.split(' ').next().unwrap();
+                    assert!(helps.insert(name.to_string()), "duplicate family {name}");
+                } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                    let mut parts = rest.split(' ');
+                    types.push((
+                        parts.next().unwrap().to_string(),
+                        parts.next().unwrap().to_string(),
+                    ));
+                }
+            }
+            for (name, kind) in &types {
+                assert!(helps.contains(name), "{name} has no HELP");
+                assert!(name.starts_with("subetha_"), "{name}");
+                if format == Format::PrometheusText {
+                    assert_eq!(kind == "counter", name.ends_with("_total"), "{name} {kind}");
+                } else {
+                    assert!(!name.ends_with("_total"), "{name}");
+                }
+            }
+            // Every sample belongs to the family declared just before it.
+            let mut current = String::new();
+            for line in out.lines() {
+                if let Some(rest) = line.strip_prefix("# TYPE ") {
+                    current = rest.split(' ').next().unwrap().to_string();
+                } else if !line.starts_with('#') {
+                    let name = line.split(['{', ' ']).next().unwrap();
+                    assert!(name.starts_with(&current), "{name} outside family {current}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn openmetrics_shape() {
+        let out = render_text(sample(), Format::OpenMetrics);
+        assert!(out.ends_with("# EOF\n"));
+        assert_eq!(out.matches("# EOF").count(), 1);
+        assert_lines(
+            &out,
+            &[
+                "# TYPE subetha_agent_scans counter",
+                "subetha_agent_scans_total 1234",
+                "# TYPE subetha_agent info",
+                "subetha_agent_info{version=\"0.1.0\"} 1",
+                "# TYPE subetha_segment_resident_bytes gauge",
+                "# UNIT subetha_segment_resident_bytes bytes",
+                "# TYPE subetha_scan_duration_seconds summary",
+                "# UNIT subetha_scan_duration_seconds seconds",
+                "subetha_scan_duration_seconds_count 1234",
+            ],
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut snapshot = sample();
+        let hostile = "a\"b\\c\nd} x{y=\"1";
+        snapshot.processes[0].comm = hostile.into();
+        snapshot.processes[0].rings[0].thread_name = hostile.into();
+        snapshot.processes[0].instances[0].name = hostile.into();
+        let escaped = r#"a\"b\\c\nd} x{y=\"1"#;
+        for format in [Format::PrometheusText, Format::OpenMetrics] {
+            let out = render_text(snapshot.clone(), format);
+            assert_lines(
+                &out,
+                &[
+                    &format!("subetha_segment_size_bytes{{pid=\"4242\",comm=\"{escaped}\"}} 1048576"),
+                    &format!(
+                        "subetha_observations_drained_total{{pid=\"4242\",comm=\"{escaped}\",slot=\"0\",tid=\"4242\",\
+                         thread=\"{escaped}\"}} 1000"
+                    ),
+                    // Summaries are written by this module: same escaping.
+                    &format!(
+                        "subetha_instance_latency_seconds_count{{pid=\"4242\",comm=\"{escaped}\",instance_id=\"1\",\
+                         instance_name=\"{escaped}\",kind=\"mutex\",op=\"lock\"}} 10"
+                    ),
+                ],
+            );
+            // No raw newline made it into a sample line.
+            for line in out.lines() {
+                assert!(
+                    line.starts_with("# ") || line.starts_with("subetha_"),
+                    "bad line {line:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn duplicates_do_not_make_duplicate_series() {
+        let mut snapshot = sample();
+        let mut exited = snapshot.processes[0].clone();
+        exited.state = "exited".into();
+        exited.comm = "old".into();
+        snapshot.processes.insert(0, exited);
+        let mut retired = snapshot.processes[1].instances[0].clone();
+        retired.retired = true;
+        retired.name = "old".into();
+        snapshot.processes[1].instances.push(retired);
+        let out = render_text(snapshot, Format::PrometheusText);
+        let samples: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        let keys: HashSet<&str> = samples.iter().map(|l| l.rsplit_once(' ').unwrap().0).collect();
+        assert_eq!(keys.len(), samples.len(), "duplicate series in\n{out}");
+        assert!(!out.contains("comm=\"old\""));
+        assert!(!out.contains("instance_name=\"old\""));
+    }
+
+    #[test]
+    fn empty_snapshot_renders() {
+        let out = render_text(AgentSnapshot::default(), Format::PrometheusText);
+        assert_lines(
+            &out,
+            &[
+                "subetha_agent_scans_total 0",
+                "subetha_processes{state=\"attached\"} 0",
+                "subetha_scan_duration_seconds_count 0",
+            ],
+        );
+        assert!(!out.contains("subetha_scan_duration_seconds{"));
+    }
+
+    #[test]
+    fn negotiation() {
+        use Format::*;
+        assert_eq!(Format::negotiate(None), PrometheusText);
+        assert_eq!(Format::negotiate(Some("*/*")), PrometheusText);
+        assert_eq!(Format::negotiate(Some("text/plain")), PrometheusText);
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                 text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            )),
+            OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0")),
+            PrometheusText
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0.2, text/plain")),
+            PrometheusText
+        );
+    }
+
+    /// `promtool check metrics` (classic text only), from Debian's
+    /// `prometheus` package. CI installs it and sets
+    /// `SUBETHA_REQUIRE_TOOLS=1`, which turns a missing promtool into a
+    /// failure instead of a skip.
+    #[test]
+    fn promtool_accepts_the_text_format() {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        let mut snapshot = sample();
+        snapshot.processes[0].comm = "a\"b\\c\nd".into();
+        for snapshot in [snapshot, AgentSnapshot::default()] {
+            let text = render_text(snapshot, Format::PrometheusText);
+            let child = Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn();
+            let Ok(mut child) = child else {
+                assert!(
+                    std::env::var_os("SUBETHA_REQUIRE_TOOLS").is_none(),
+                    "promtool is required (SUBETHA_REQUIRE_TOOLS is set) but not installed"
+                );
+                eprintln!("promtool not installed: skipped");
+                return;
+            };
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            let output = child.wait_with_output().unwrap();
+            assert!(
+                output.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
