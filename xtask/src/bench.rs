@@ -39,10 +39,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let target = target_dir();
     let criterion_home = target.join("criterion");
     let side_dir = target.join("subetha-bench");
+    let mut others_busy = None;
     let since = if args.no_run {
         SystemTime::UNIX_EPOCH
     } else {
         let started = SystemTime::now();
+        let before = CpuTimes::now();
         let mut cargo_args = vec!["bench", "-p", "subetha-core", "--bench", "ring", "--"];
         if let Some(filter) = &args.filter {
             cargo_args.push(filter);
@@ -57,11 +59,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ("SUBETHA_BENCH_OUT", side),
         ];
         crate::cargo(&cargo_args, &env)?;
+        others_busy = before.zip(CpuTimes::now()).map(|(b, a)| a.others_busy_since(&b));
         started
     };
     let results = Results::load(&criterion_home, &side_dir, since)?;
     let quick = results.side_bool("meta", "quick").unwrap_or(args.quick);
-    let table = render(&results, quick);
+    let table = render(&results, quick, others_busy);
     print!("{table}");
     std::fs::create_dir_all(&side_dir).with_context(|| format!("creating {}", side_dir.display()))?;
     std::fs::write(side_dir.join("table.txt"), &table).context("saving table.txt")?;
@@ -288,7 +291,7 @@ fn exact(value: f64) -> Estimate {
     }
 }
 
-fn render(results: &Results, quick: bool) -> String {
+fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
     let per_impl = |group: &str| IMPLS.map(|name| results.get(group, name));
     let rate = |e: Option<Estimate>| e.map(|e| e.per_second_millions());
     let mut rows = Vec::new();
@@ -381,7 +384,7 @@ fn render(results: &Results, quick: bool) -> String {
 
     let mut out = String::new();
     let _ = writeln!(out);
-    let _ = writeln!(out, "{}", machine_info());
+    let _ = writeln!(out, "{}", machine_info(others_busy));
     let _ = writeln!(out, "{}", setup_info(results, quick));
     let _ = writeln!(out);
     let header = [
@@ -453,7 +456,7 @@ fn render(results: &Results, quick: bool) -> String {
     out
 }
 
-fn machine_info() -> String {
+fn machine_info(others_busy: Option<f64>) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -468,20 +471,70 @@ fn machine_info() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "unknown".to_owned());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".to_owned());
-    let mut info =
-        format!("machine: {model}, {cpus} CPUs, Linux {kernel}, load average {load} (after the run)");
-    let busy = load
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse::<f64>().ok())
-        .is_some_and(|l| l > cpus as f64 * 0.75 + 0.5);
-    if busy {
-        info.push_str("\nwarning: the machine was busy; the threaded rows (2, 3, 4) are the most affected");
+    let mut info = format!("machine: {model}, {cpus} CPUs, Linux {kernel}");
+    if let Some(busy) = others_busy {
+        let _ = write!(
+            info,
+            "\nload:    other processes used {:.0}% of the CPU time during the run",
+            busy * 100.0
+        );
+        if busy > 0.05 {
+            info.push_str(
+                "\nwarning: the machine was not quiet; the two-thread rows (2a, 2b, 3, 4) are the most \
+                 affected: rerun on an idle machine before trusting them",
+            );
+        }
     }
     info
+}
+
+/// System-wide CPU time from `/proc/stat` and this process's waited-for
+/// children's (the benchmark) from `getrusage`, in seconds.
+struct CpuTimes {
+    busy: f64,
+    total: f64,
+    children: f64,
+}
+
+impl CpuTimes {
+    fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<f64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal
+        let (idle, total): (f64, f64) = (fields[3] + fields[4], fields.iter().sum());
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `usage` is a valid, writable rusage.
+        if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 || hz <= 0.0 {
+            return None;
+        }
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        Some(Self {
+            busy: (total - idle) / hz,
+            total: total / hz,
+            children: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        })
+    }
+
+    /// Fraction of all CPUs' time since `before` spent by processes other
+    /// than our children (cargo and the benchmark).
+    fn others_busy_since(&self, before: &Self) -> f64 {
+        let total = self.total - before.total;
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let others = (self.busy - before.busy) - (self.children - before.children);
+        (others / total).clamp(0.0, 1.0)
+    }
 }
 
 fn setup_info(results: &Results, quick: bool) -> String {

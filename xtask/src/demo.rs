@@ -37,15 +37,29 @@ impl Drop for Guard {
 }
 
 pub fn run(args: &DemoArgs) -> Result<()> {
-    cargo(&["build", "--release", "-p", "subetha-agent", "--bins"], &[])?;
+    // The eBPF toolchain is optional for the demo: without it (e.g. no
+    // network for bpf-linker) the agent is built without probes.
+    match crate::setup::run() {
+        Ok(()) => cargo(&["build", "--release", "-p", "subetha-agent", "--bins"], &[])?,
+        Err(error) => {
+            eprintln!("demo: eBPF toolchain unavailable ({error:#}); building the agent without probes");
+            cargo(
+                &["build", "--release", "-p", "subetha-agent", "--bins", "--no-default-features"],
+                &[],
+            )?;
+        }
+    }
     let bin = workspace_root().join("target/release");
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr = format!("127.0.0.1:{port}");
-    eprintln!("demo: starting subetha-agent on {addr}");
+    let log_path = workspace_root().join("target/subetha-demo-agent.log");
+    let log = std::fs::File::create(&log_path).context("creating the agent log")?;
+    eprintln!("demo: starting subetha-agent on {addr} (log: {})", log_path.display());
     let agent = Guard(
         Command::new(bin.join("subetha-agent"))
             .args(["run", "--listen", &addr, "--discovery-interval", "200ms"])
             .stdout(Stdio::null())
+            .stderr(log)
             .spawn()
             .context("starting subetha-agent")?,
     );

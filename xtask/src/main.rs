@@ -1,8 +1,9 @@
 //! `cargo xtask`: the project's automation, in Rust so it runs wherever
 //! cargo does.
 //!
-//! * `ci`    — everything CI checks: formatting, clippy with warnings as
-//!   errors, the whole test suite, and the loom models.
+//! * `setup` — what a fresh machine lacks for the eBPF probes (idempotent).
+//! * `ci`    — setup, then everything CI checks: formatting, clippy with
+//!   warnings as errors, the whole test suite, and the loom models.
 //! * `bench` — the comparative benchmarks, summarised as one table.
 //! * `demo`  — the agent and an instrumented workload, with a drop storm.
 //! * `fuzz`  — the cargo-fuzz targets, for a bounded time.
@@ -15,6 +16,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod fuzz;
+mod setup;
 
 #[derive(Parser)]
 #[command(about = "subetha project automation")]
@@ -25,7 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Format check, clippy -D warnings, all tests, loom models.
+    /// Install what a fresh machine lacks (nightly rust-src, bpf-linker, tracefs).
+    Setup,
+    /// Setup, then format check, clippy -D warnings, all tests, loom models.
     Ci,
     /// Run the comparative benchmarks and print one table with ratios.
     Bench(bench::BenchArgs),
@@ -37,6 +41,7 @@ enum Task {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Task::Setup => setup::run(),
         Task::Ci => ci(),
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
@@ -45,6 +50,7 @@ fn main() -> Result<()> {
 }
 
 fn ci() -> Result<()> {
+    setup::run()?;
     cargo(&["fmt", "--all", "--check"], &[])?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
