@@ -7,11 +7,13 @@
 //!
 //! * [`discovery`] — finding segments in `/proc` and opening them safely.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
+//! * [`cause`] — why a storm happened, from kernel or /proc evidence.
 //! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
 
 pub mod agent;
+pub mod cause;
 pub mod client;
 pub mod discovery;
 pub mod doctor;

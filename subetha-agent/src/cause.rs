@@ -1,0 +1,500 @@
+//! Why a ring dropped observations: turning what the kernel and the scanner
+//! did around a storm into a cause with evidence.
+//!
+//! A ring drops when its producer outruns its consumer. Either the consumer
+//! (the scanner thread) was not running — **preempted** (runnable, but
+//! another task held its CPU), or **blocked** (asleep in the kernel beyond
+//! its own pause between scans) — or it ran but could not keep up: a scan
+//! lasted longer than the ring takes to fill (**scanner too slow**), its
+//! pause between scans is longer than the ring takes to fill at this push
+//! rate (**scan interval too long**), or it scanned back to back and the
+//! producer still outran it (**producer burst**).
+//!
+//! With the eBPF probes the scanner's off-CPU intervals come from
+//! `sched_switch`/`sched_wakeup` (who held the CPU, in which state it
+//! slept): those causes have `high` confidence. Without probes the agent
+//! samples the scanner's `/proc/<tid>/schedstat` run delay and involuntary
+//! context switches; a cause inferred from those is marked `low`.
+//! [`diagnose`] is pure: it takes the facts and returns the verdict, so every
+//! rule is unit-tested.
+
+use crate::model::{Cause, StormReport};
+
+/// A period the scanner thread spent off its CPU (from the sched probes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OffCpu {
+    /// Scanner thread id.
+    pub tid: u32,
+    /// CLOCK_MONOTONIC ns when it left the CPU.
+    pub out_ns: u64,
+    /// When it got back on.
+    pub in_ns: u64,
+    /// True if it left while runnable (preempted); false if it slept.
+    pub preempted: bool,
+    /// The sleep state bits at switch-out (0 when preempted).
+    pub state: u64,
+    /// When it was woken, if it slept.
+    pub wakeup_ns: Option<u64>,
+    /// CPU it left and CPU it came back on.
+    pub cpu_out: u32,
+    /// See `cpu_out`.
+    pub cpu_in: u32,
+    /// The task that held the CPU until it got back on.
+    pub holder_pid: u32,
+    /// Its command name.
+    pub holder_comm: String,
+}
+
+impl OffCpu {
+    /// When it became runnable: at switch-out if preempted, else at wakeup.
+    pub fn runnable_since(&self) -> u64 {
+        if self.preempted {
+            self.out_ns
+        } else {
+            self.wakeup_ns
+                .unwrap_or(self.in_ns)
+                .clamp(self.out_ns, self.in_ns)
+        }
+    }
+
+    /// Time spent runnable but not running (runqueue wait), ns.
+    pub fn runnable_wait_ns(&self) -> u64 {
+        self.in_ns.saturating_sub(self.runnable_since())
+    }
+
+    /// Time spent asleep, ns (0 if preempted).
+    pub fn asleep_ns(&self) -> u64 {
+        self.runnable_since().saturating_sub(self.out_ns)
+    }
+}
+
+/// A run-queue delay sample of the scanner from `/proc/<tid>/schedstat`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedSample {
+    /// CLOCK_MONOTONIC ns when read.
+    pub at_ns: u64,
+    /// Cumulative time spent waiting on a runqueue, ns.
+    pub run_delay_ns: u64,
+    /// Cumulative involuntary context switches.
+    pub involuntary_switches: u64,
+}
+
+/// Everything known around a storm.
+#[derive(Clone, Debug, Default)]
+pub struct Facts<'a> {
+    /// Scanner off-CPU intervals (any time; filtered here). Empty without
+    /// probes.
+    pub off_cpu: &'a [OffCpu],
+    /// Whether the sched probes were running (so an empty `off_cpu` means
+    /// "never off CPU", not "unknown").
+    pub probes: bool,
+    /// The scanner's scans as (begin, end) ns, chronological.
+    pub scans: &'a [(u64, u64)],
+    /// The scanner's longest intended pause between scans, ns.
+    pub max_interval_ns: u64,
+    /// The scanner's shortest intended pause between scans, ns.
+    pub min_interval_ns: u64,
+    /// Ring capacity (observations).
+    pub ring_capacity: u64,
+    /// Scheduler samples of the scanner (without probes), chronological.
+    pub sched_samples: &'a [SchedSample],
+    /// The CPU the producer last ran on, if known.
+    pub producer_cpu: Option<u32>,
+    /// Producer thread migrations during the storm: (ns, from, to).
+    pub producer_migrations: &'a [(u64, u32, u32)],
+}
+
+/// Share of the longest scan gap that a runnable wait must cover to be the
+/// cause.
+const EXPLAINS: f64 = 0.5;
+
+/// The verdict for `storm`.
+pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
+    let begin = storm.begin_mono_ns;
+    let end = storm.end_mono_ns.unwrap_or(begin + storm.duration_ns).max(begin);
+    // The ring filled during the gap before the first drop: look back one
+    // full ring's worth of time before the storm as well.
+    let lookback = storm
+        .scan_gaps
+        .iter()
+        .map(|g| g.end_mono_ns.saturating_sub(g.begin_mono_ns))
+        .max()
+        .unwrap_or(0)
+        .max(facts.max_interval_ns);
+    let window = (begin.saturating_sub(lookback), end);
+    let gap = storm.max_scan_gap_ns.max(1);
+    let push_rate = push_rate(storm, facts.ring_capacity);
+    let fill_ns = fill_time_ns(facts.ring_capacity, push_rate);
+    let mut evidence = vec![
+        format!(
+            "{} observations dropped over {} on thread {} ({})",
+            storm.dropped,
+            ms(end - begin),
+            storm.tid,
+            storm.thread_name
+        ),
+        format!(
+            "longest scanner gap overlapping the storm: {}",
+            ms(storm.max_scan_gap_ns)
+        ),
+    ];
+    if let Some(rate) = push_rate {
+        evidence.push(format!(
+            "producer pushed at least {:.1} M obs/s: a {}-slot ring fills in {}",
+            rate / 1e6,
+            facts.ring_capacity,
+            ms(fill_ns.unwrap_or(0))
+        ));
+    }
+    if let Some(cpu) = facts.producer_cpu {
+        evidence.push(format!("producer last ran on CPU {cpu}"));
+    }
+    for &(at, from, to) in facts
+        .producer_migrations
+        .iter()
+        .filter(|m| m.0 >= window.0 && m.0 <= window.1)
+    {
+        evidence.push(format!(
+            "producer migrated CPU {from} → {to} at +{}",
+            ms(at.saturating_sub(begin))
+        ));
+    }
+
+    let overlapping: Vec<&OffCpu> = facts
+        .off_cpu
+        .iter()
+        .filter(|o| o.in_ns >= window.0 && o.out_ns <= window.1)
+        .collect();
+    if let Some(longest) = overlapping.iter().max_by_key(|o| o.runnable_wait_ns())
+        && longest.runnable_wait_ns() as f64 >= EXPLAINS * gap as f64
+    {
+        evidence.push(format!(
+            "scanner {} off-CPU {}–{} ({}), runnable for {}",
+            longest.tid,
+            ms(longest.out_ns.saturating_sub(begin)),
+            ms(longest.in_ns.saturating_sub(begin)),
+            if longest.preempted {
+                "preempted while running".to_string()
+            } else {
+                format!("woke after {}", ms(longest.asleep_ns()))
+            },
+            ms(longest.runnable_wait_ns())
+        ));
+        return Cause {
+            kind: "scanner_preempted".into(),
+            summary: format!(
+                "the scanner was runnable but off-CPU for {} on CPU {}, preempted by {} (pid {})",
+                ms(longest.runnable_wait_ns()),
+                longest.cpu_in,
+                longest.holder_comm,
+                longest.holder_pid
+            ),
+            confidence: "high".into(),
+            evidence,
+        };
+    }
+    if let Some(longest) = overlapping.iter().max_by_key(|o| o.asleep_ns())
+        && longest.asleep_ns() > facts.max_interval_ns.saturating_mul(2)
+        && longest.asleep_ns() as f64 >= EXPLAINS * gap as f64
+    {
+        evidence.push(format!(
+            "scanner {} asleep for {} (state {:#x}), its pause between scans is at most {}",
+            longest.tid,
+            ms(longest.asleep_ns()),
+            longest.state,
+            ms(facts.max_interval_ns)
+        ));
+        return Cause {
+            kind: "scanner_blocked".into(),
+            summary: format!(
+                "the scanner was blocked for {} ({}) while the ring filled",
+                ms(longest.asleep_ns()),
+                state_name(longest.state)
+            ),
+            confidence: "high".into(),
+            evidence,
+        };
+    }
+    let confidence = if facts.probes { "high" } else { "low" };
+    if !facts.probes
+        && let Some((delay, involuntary)) = sched_delta(facts.sched_samples, window)
+        && delay as f64 >= EXPLAINS * gap as f64
+    {
+        evidence.push(format!(
+            "scanner waited {} on a runqueue with {involuntary} involuntary context switches (/proc schedstat)",
+            ms(delay)
+        ));
+        return Cause {
+            kind: "scanner_preempted".into(),
+            summary: format!(
+                "the scanner probably waited {} for a CPU (no kernel events: inferred from /proc)",
+                ms(delay)
+            ),
+            confidence: "low".into(),
+            evidence,
+        };
+    }
+    let longest_scan = facts
+        .scans
+        .iter()
+        .filter(|&&(b, e)| e >= window.0 && b <= window.1)
+        .map(|&(b, e)| e.saturating_sub(b))
+        .max()
+        .unwrap_or(0);
+    if let Some(fill) = fill_ns
+        && longest_scan > fill
+    {
+        evidence.push(format!(
+            "a scan took {} while the ring fills in {}",
+            ms(longest_scan),
+            ms(fill)
+        ));
+        return Cause {
+            kind: "scanner_too_slow".into(),
+            summary: format!(
+                "the scanner was on CPU but one scan took {}, longer than the {} the ring takes to fill",
+                ms(longest_scan),
+                ms(fill)
+            ),
+            confidence: confidence.into(),
+            evidence,
+        };
+    }
+    // The scanner ran and paused as configured. Was the pause the problem,
+    // or would even back-to-back scans have lost?
+    let near_min = gap <= facts.min_interval_ns.saturating_mul(3).max(200_000);
+    if !near_min && fill_ns.is_some_and(|fill| gap > fill) {
+        evidence.push(format!(
+            "the scanner paused {} between scans; the ring fills in {}",
+            ms(gap),
+            ms(fill_ns.unwrap_or(0))
+        ));
+        return Cause {
+            kind: "scan_interval_too_long".into(),
+            summary: format!(
+                "the scan interval ({}) is too long for the push rate: the ring fills in {}",
+                ms(gap),
+                ms(fill_ns.unwrap_or(0))
+            ),
+            confidence: confidence.into(),
+            evidence,
+        };
+    }
+    evidence.push(format!("the scanner ran unhindered, scanning every {}", ms(gap)));
+    Cause {
+        kind: "producer_burst".into(),
+        summary: format!(
+            "producer burst beyond drain capacity: {} dropped although the scanner ran unhindered",
+            storm.dropped
+        ),
+        confidence: confidence.into(),
+        evidence,
+    }
+}
+
+/// A lower bound of the producer's push rate during the storm, obs/s: it
+/// filled the ring and then dropped `dropped` in the storm's duration.
+fn push_rate(storm: &StormReport, capacity: u64) -> Option<f64> {
+    let duration = storm.duration_ns.max(storm.max_scan_gap_ns);
+    (duration > 0).then(|| (storm.dropped + capacity) as f64 * 1e9 / duration as f64)
+}
+
+fn fill_time_ns(capacity: u64, rate: Option<f64>) -> Option<u64> {
+    rate.filter(|r| *r > 0.0)
+        .map(|r| (capacity as f64 * 1e9 / r) as u64)
+}
+
+/// Run-queue delay and involuntary switches accumulated over `window`, from
+/// the samples bracketing it.
+fn sched_delta(samples: &[SchedSample], window: (u64, u64)) -> Option<(u64, u64)> {
+    let before = samples.iter().rev().find(|s| s.at_ns <= window.0)?;
+    let after = samples.iter().find(|s| s.at_ns >= window.1)?;
+    Some((
+        after.run_delay_ns.saturating_sub(before.run_delay_ns),
+        after
+            .involuntary_switches
+            .saturating_sub(before.involuntary_switches),
+    ))
+}
+
+/// Reads `/proc/self/task/<tid>/schedstat` and `status`.
+pub fn sample_sched(tid: u32, now_ns: u64) -> Option<SchedSample> {
+    let schedstat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let run_delay_ns = schedstat.split_whitespace().nth(1)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let involuntary_switches = status
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(SchedSample {
+        at_ns: now_ns,
+        run_delay_ns,
+        involuntary_switches,
+    })
+}
+
+fn state_name(state: u64) -> String {
+    match state {
+        0 => "running".into(),
+        s if s & 0x2 != 0 => "uninterruptible (D)".into(),
+        s if s & 0x1 != 0 => "sleeping (S)".into(),
+        s => format!("state {s:#x}"),
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ScanGap;
+
+    const MS: u64 = 1_000_000;
+
+    fn storm(begin: u64, end: u64, dropped: u64, gap: (u64, u64)) -> StormReport {
+        StormReport {
+            id: 1,
+            pid: 10,
+            comm: "app".into(),
+            tid: 11,
+            thread_name: "worker".into(),
+            begin_mono_ns: begin,
+            end_mono_ns: Some(end),
+            duration_ns: end - begin,
+            dropped,
+            scan_gaps: vec![ScanGap {
+                begin_mono_ns: gap.0,
+                end_mono_ns: gap.1,
+            }],
+            max_scan_gap_ns: gap.1 - gap.0,
+            ..StormReport::default()
+        }
+    }
+
+    fn facts<'a>(off_cpu: &'a [OffCpu], scans: &'a [(u64, u64)]) -> Facts<'a> {
+        Facts {
+            off_cpu,
+            probes: true,
+            scans,
+            max_interval_ns: MS,
+            min_interval_ns: MS / 10,
+            ring_capacity: 4096,
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn preempted_scanner_names_the_hog() {
+        let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
+        let off = [OffCpu {
+            tid: 7,
+            out_ns: 998 * MS,
+            in_ns: 1051 * MS,
+            preempted: false,
+            state: 1,
+            wakeup_ns: Some(999 * MS),
+            cpu_out: 1,
+            cpu_in: 1,
+            holder_pid: 4242,
+            holder_comm: "hog".into(),
+        }];
+        let cause = diagnose(&s, &facts(&off, &[]));
+        assert_eq!(cause.kind, "scanner_preempted");
+        assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
+        assert!(cause.summary.contains("52.000 ms"), "{}", cause.summary);
+        assert_eq!(cause.confidence, "high");
+    }
+
+    #[test]
+    fn long_sleep_is_blocked() {
+        let s = storm(1000 * MS, 1020 * MS, 50_000, (995 * MS, 1021 * MS));
+        let off = [OffCpu {
+            tid: 7,
+            out_ns: 995 * MS,
+            in_ns: 1021 * MS,
+            state: 2,
+            wakeup_ns: Some(1021 * MS - 10_000),
+            ..OffCpu::default()
+        }];
+        let cause = diagnose(&s, &facts(&off, &[]));
+        assert_eq!(cause.kind, "scanner_blocked");
+        assert!(cause.summary.contains("uninterruptible"), "{}", cause.summary);
+    }
+
+    #[test]
+    fn slow_scan_is_too_slow() {
+        // 100k dropped in 10 ms: ~10 M obs/s, the ring fills in ~0.4 ms.
+        let s = storm(1000 * MS, 1010 * MS, 100_000, (1000 * MS, 1000 * MS + 50_000));
+        let scans = [(999 * MS, 1009 * MS)];
+        let cause = diagnose(&s, &facts(&[], &scans));
+        assert_eq!(cause.kind, "scanner_too_slow");
+    }
+
+    #[test]
+    fn long_pause_is_interval_too_long() {
+        // Gaps of 10 ms, ring fills in ~1 ms.
+        let s = storm(1000 * MS, 1010 * MS, 40_000, (1000 * MS, 1010 * MS));
+        let mut f = facts(
+            &[],
+            &[(990 * MS, 990 * MS + 10_000), (1010 * MS, 1010 * MS + 10_000)],
+        );
+        f.max_interval_ns = 10 * MS;
+        let cause = diagnose(&s, &f);
+        assert_eq!(cause.kind, "scan_interval_too_long");
+    }
+
+    #[test]
+    fn back_to_back_scans_mean_producer_burst() {
+        // Scans every 100 µs, yet drops: the producer outran back-to-back scans.
+        let s = storm(1000 * MS, 1001 * MS, 60_000, (1000 * MS, 1000 * MS + 100_000));
+        let scans: Vec<(u64, u64)> = (0..20)
+            .map(|i| (999 * MS + i * 110_000, 999 * MS + i * 110_000 + 10_000))
+            .collect();
+        let cause = diagnose(&s, &facts(&[], &scans));
+        assert_eq!(cause.kind, "producer_burst");
+    }
+
+    #[test]
+    fn without_probes_schedstat_gives_a_low_confidence_preemption() {
+        let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
+        let samples = [
+            SchedSample {
+                at_ns: 940 * MS,
+                run_delay_ns: 5 * MS,
+                involuntary_switches: 10,
+            },
+            SchedSample {
+                at_ns: 1060 * MS,
+                run_delay_ns: 52 * MS,
+                involuntary_switches: 12,
+            },
+        ];
+        let f = Facts {
+            probes: false,
+            sched_samples: &samples,
+            ..facts(&[], &[])
+        };
+        let cause = diagnose(&s, &f);
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("scanner_preempted", "low")
+        );
+        assert!(
+            cause.evidence.iter().any(|e| e.contains("47.000 ms")),
+            "{:?}",
+            cause.evidence
+        );
+    }
+
+    #[test]
+    fn reads_own_schedstat() {
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        let sample = sample_sched(tid, 1).expect("schedstat readable");
+        assert_eq!(sample.at_ns, 1);
+    }
+}
