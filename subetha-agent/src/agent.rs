@@ -35,6 +35,7 @@ use subetha_core::{ObservationRing, ScanReport};
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
+use crate::cause::{self, Facts, OffCpu, SchedSample};
 use crate::discovery::{self, Candidate};
 use crate::registration::{Registered, Registration};
 use crate::model::{
@@ -64,6 +65,8 @@ pub struct AgentConfig {
     /// Listen for applications announcing their segments here (None: rely
     /// on the `/proc` scan only).
     pub registration_socket: Option<std::path::PathBuf>,
+    /// Pin the scan thread to this CPU.
+    pub scanner_cpu: Option<usize>,
 }
 
 impl Default for AgentConfig {
@@ -78,12 +81,22 @@ impl Default for AgentConfig {
             takeover_timeout: Duration::from_secs(2),
             storm_history: 1024,
             registration_socket: None,
+            scanner_cpu: None,
         }
     }
 }
 
 /// Scans kept for finding the gaps that overlap a storm.
 const SCAN_HISTORY: usize = 1 << 16;
+/// Scheduler samples of the scan thread kept (one per `SCHED_SAMPLE_NS`).
+const SCHED_HISTORY: usize = 8192;
+/// How often the scan thread samples its own schedstat (without probes).
+const SCHED_SAMPLE_NS: u64 = 5_000_000;
+/// Scanner off-CPU intervals kept (from the probes).
+const OFF_CPU_HISTORY: usize = 8192;
+/// A storm's cause is (re)computed until this long after it ended, as late
+/// kernel events and scheduler samples arrive.
+const CAUSE_SETTLE_NS: u64 = 2_000_000_000;
 /// Refused segments remembered (one error log each).
 const REFUSED_HISTORY: usize = 256;
 
@@ -127,6 +140,11 @@ struct State {
     scan_count: u64,
     interval: Duration,
     last_scan_end: Option<u64>,
+    scanner_tid: u32,
+    sched_samples: VecDeque<SchedSample>,
+    next_sched_sample_ns: u64,
+    off_cpu: VecDeque<OffCpu>,
+    probes_active: bool,
 }
 
 /// The agent's scan engine (not yet running).
@@ -160,6 +178,11 @@ impl Agent {
                 scan_count: 0,
                 interval,
                 last_scan_end: None,
+                scanner_tid: 0,
+                sched_samples: VecDeque::new(),
+                next_sched_sample_ns: 0,
+                off_cpu: VecDeque::new(),
+                probes_active: false,
             },
         }
     }
@@ -196,6 +219,13 @@ impl Agent {
     }
 
     fn run(mut self, latest: &Mutex<Arc<AgentSnapshot>>, stop: &AtomicBool) -> AgentSnapshot {
+        // SAFETY: gettid has no preconditions.
+        self.state.scanner_tid = unsafe { libc::gettid() } as u32;
+        if let Some(cpu) = self.state.config.scanner_cpu
+            && let Err(error) = pin_to_cpu(cpu)
+        {
+            tracing::warn!(cpu, %error, "cannot pin the scan thread");
+        }
         let mut next_discovery = Instant::now();
         let mut next_publish = Instant::now();
         while !stop.load(Ordering::Acquire) {
@@ -206,7 +236,9 @@ impl Agent {
             }
             self.state.take_registrations();
             self.state.scan_all();
+            self.state.sample_scheduler();
             if now >= next_publish {
+                self.state.refresh_causes();
                 *latest.lock() = Arc::new(self.state.snapshot());
                 next_publish = now + self.state.config.publish_interval;
             }
@@ -214,6 +246,7 @@ impl Agent {
         }
         self.state.scan_all();
         self.state.release_all();
+        self.state.refresh_causes();
         let last = self.state.snapshot();
         *latest.lock() = Arc::new(last.clone());
         last
@@ -390,6 +423,67 @@ impl State {
         self.adapt_interval(max_fill);
         self.expire();
         let _ = reports;
+    }
+
+    /// Samples the scan thread's run delay (the no-probes fallback).
+    fn sample_scheduler(&mut self) {
+        let now = clock::monotonic_ns();
+        if now < self.next_sched_sample_ns || self.scanner_tid == 0 {
+            return;
+        }
+        self.next_sched_sample_ns = now + SCHED_SAMPLE_NS;
+        if let Some(sample) = cause::sample_sched(self.scanner_tid, now) {
+            if self.sched_samples.len() == SCHED_HISTORY {
+                self.sched_samples.pop_front();
+            }
+            self.sched_samples.push_back(sample);
+        }
+    }
+
+    /// Records a scanner off-CPU interval reported by the sched probes.
+    pub(crate) fn record_off_cpu(&mut self, interval: OffCpu) {
+        if self.off_cpu.len() == OFF_CPU_HISTORY {
+            self.off_cpu.pop_front();
+        }
+        self.off_cpu.push_back(interval);
+    }
+
+    /// Diagnoses storms that ended recently (or still go on).
+    fn refresh_causes(&mut self) {
+        let now = clock::monotonic_ns();
+        let samples: Vec<SchedSample> = self.sched_samples.iter().copied().collect();
+        let off_cpu: Vec<OffCpu> = self.off_cpu.iter().cloned().collect();
+        for storm in self.storms.iter_mut().rev() {
+            let settled = storm
+                .end_mono_ns
+                .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
+            if settled && storm.cause.is_some() {
+                break;
+            }
+            let since = storm.begin_mono_ns.saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
+            let scans: Vec<(u64, u64)> = self
+                .scans
+                .iter()
+                .rev()
+                .take_while(|&&(_, end)| end >= since)
+                .copied()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let facts = Facts {
+                off_cpu: &off_cpu,
+                probes: self.probes_active,
+                scans: &scans,
+                max_interval_ns: self.config.max_scan_interval.as_nanos() as u64,
+                min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
+                ring_capacity: ObservationRing::CAPACITY as u64,
+                sched_samples: &samples,
+                producer_cpu: None,
+                producer_migrations: &[],
+            };
+            storm.cause = Some(cause::diagnose(storm, &facts));
+        }
     }
 
     fn adapt_interval(&mut self, max_fill: u32) {
@@ -634,6 +728,24 @@ impl Tracked {
             instances,
         }
     }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within
+    // it for cpu < CPU_SETSIZE (checked); sched_setaffinity(0) affects the
+    // calling thread.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Scan gaps overlapping `[begin, end]` (end None: until now), longest

@@ -66,6 +66,9 @@ struct ScanArgs {
     /// How long exited processes' final stats are kept.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     retention: Duration,
+    /// Pin the scan thread to this CPU.
+    #[arg(long)]
+    scanner_cpu: Option<usize>,
 }
 
 impl ScanArgs {
@@ -82,6 +85,7 @@ impl ScanArgs {
             min_scan_interval: self.min_scan_interval,
             max_scan_interval: self.max_scan_interval,
             retention: self.retention,
+            scanner_cpu: self.scanner_cpu,
             ..AgentConfig::default()
         })
     }
