@@ -4,8 +4,11 @@
 //! An [`Observation`] says which instance did what (`instance_id`,
 //! `op_kind`), whether it had to wait or missed (`flags`), how long it took in
 //! raw clock ticks (`latency_ticks`, 0 when not measured) and which thread
-//! produced it. Three observations fill a 64-byte cache line exactly, so a
-//! ring slot never straddles two lines. The layout is `#[repr(C)]`, free of
+//! produced it. At 24 bytes, eight observations fill three 64-byte cache
+//! lines (the spec's "three per cache line, no straddling" cannot hold for
+//! contiguous 24-byte slots: two of every eight cross a line boundary; the
+//! spec's own layout — slots back to back from byte 128 — is what we keep).
+//! The layout is `#[repr(C)]`, free of
 //! padding holes and `bytemuck::Pod`: observations are copied through shared
 //! memory between processes, and every bit pattern is a valid value.
 

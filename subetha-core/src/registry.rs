@@ -370,6 +370,14 @@ fn validate_name(name: &str) -> Result<(), RegistryError> {
     })
 }
 
+/// Registers an instance in an arbitrary segment (one this process created
+/// with [`Segment::create`], e.g. for tests and benchmarks) and returns its
+/// id. [`Instance::register`] does this on the process segment.
+pub fn register_instance(view: &SegmentView, kind: InstanceKind, name: &str) -> Result<u32, RegistryError> {
+    validate_name(name)?;
+    register_in(view, kind, name)
+}
+
 /// Claims a free entry in `view`'s instance table and fills it in.
 pub(crate) fn register_in(view: &SegmentView, kind: InstanceKind, name: &str) -> Result<u32, RegistryError> {
     let capacity = view.layout().instance_capacity;

@@ -183,6 +183,45 @@ impl ObservationRing {
     /// [`push`](Self::push) for callers that already stamped the thread id.
     #[inline]
     pub(crate) fn push_stamped(&self, obs: Observation) -> bool {
+        match self.reserve() {
+            Some(tail) => {
+                self.publish(tail, obs);
+                true
+            }
+            None => {
+                // Counted inline (a plain load + store: the producer is the
+                // only writer, so no LOCK-prefixed read-modify-write); only
+                // the first drop of an episode leaves the hot path.
+                let dropped = self.dropped.owner_load();
+                self.dropped.store(dropped + 1, Ordering::Relaxed);
+                if self.in_episode.owner_load() == 0 {
+                    self.begin_episode(obs.instance_id, dropped);
+                }
+                false
+            }
+        }
+    }
+
+    /// Producer: appends `obs` if there is room, else hands it back without
+    /// counting a drop — for callers that wait for room themselves (a
+    /// lossless producer). Stamps the thread id like [`push`](Self::push).
+    #[inline]
+    pub fn try_push(&self, mut obs: Observation) -> Result<(), Observation> {
+        if obs.producer_thread_id == 0 {
+            obs.producer_thread_id = thread_id();
+        }
+        match self.reserve() {
+            Some(tail) => {
+                self.publish(tail, obs);
+                Ok(())
+            }
+            None => Err(obs),
+        }
+    }
+
+    /// The producer's next free index, or `None` when the ring is full.
+    #[inline(always)]
+    fn reserve(&self) -> Option<u32> {
         // The producer is the only writer of `tail` and `cached_head`.
         let tail = self.tail.owner_load();
         if tail.wrapping_sub(self.cached_head.owner_load()) >= CAPACITY as u32 {
@@ -191,43 +230,43 @@ impl ObservationRing {
             let head = self.head.load(Ordering::Acquire);
             self.cached_head.store(head, Ordering::Relaxed);
             if tail.wrapping_sub(head) >= CAPACITY as u32 {
-                self.record_drop(obs.instance_id);
-                return false;
+                return None;
             }
         }
+        Some(tail)
+    }
+
+    /// Writes `obs` at `tail` (from [`reserve`](Self::reserve)) and
+    /// publishes it.
+    #[inline(always)]
+    fn publish(&self, tail: u32, obs: Observation) {
         if self.in_episode.owner_load() != 0 {
             self.end_episode();
         }
         self.buf[(tail & INDEX_MASK) as usize].with_mut(|slot| {
-            // SAFETY: `tail - head < CAPACITY`, so slot `tail` is outside the
-            // consumer's readable range `[head, tail)` and, by the Acquire
-            // above (now or when `cached_head` was loaded), the consumer has
-            // finished reading it. Only this producer writes slots.
+            // SAFETY: `reserve` saw `tail - head < CAPACITY`, so slot `tail`
+            // is outside the consumer's readable range `[head, tail)` and, by
+            // its Acquire (now or when `cached_head` was loaded), the consumer
+            // has finished reading it. Only this producer writes slots.
             unsafe { slot.write(obs) }
         });
         // Release: publishes the slot written above to the consumer.
         self.tail.store(tail.wrapping_add(1), Ordering::Release);
-        true
     }
 
-    /// Counts one drop and opens an episode if none is open. Producer only.
+    /// Opens a drop episode (the first drop after a successful push).
+    /// `dropped_before` is the drop counter before this drop. Producer only.
     #[cold]
     #[inline(never)]
-    fn record_drop(&self, instance_id: u32) {
-        // A plain load + store, not a read-modify-write: the producer is the
-        // only writer, and this keeps LOCK-prefixed instructions off the path.
-        let dropped = self.dropped.owner_load();
-        self.dropped.store(dropped + 1, Ordering::Relaxed);
-        if self.in_episode.owner_load() == 0 {
-            self.episode_begin_ticks.store(clock::ticks(), Ordering::Relaxed);
-            self.episode_begin_dropped.store(dropped, Ordering::Relaxed);
-            self.episode_first_instance.store(instance_id, Ordering::Relaxed);
-            self.in_episode.store(1, Ordering::Relaxed);
-            let episodes = self.episodes.owner_load().wrapping_add(1);
-            // Release: a consumer that sees the new count sees the fields above.
-            self.episodes.store(episodes, Ordering::Release);
-            hooks::subetha_drop_begin(self as *const Self as usize, instance_id, dropped + 1);
-        }
+    fn begin_episode(&self, instance_id: u32, dropped_before: u64) {
+        self.episode_begin_ticks.store(clock::ticks(), Ordering::Relaxed);
+        self.episode_begin_dropped.store(dropped_before, Ordering::Relaxed);
+        self.episode_first_instance.store(instance_id, Ordering::Relaxed);
+        self.in_episode.store(1, Ordering::Relaxed);
+        let episodes = self.episodes.owner_load().wrapping_add(1);
+        // Release: a consumer that sees the new count sees the fields above.
+        self.episodes.store(episodes, Ordering::Release);
+        hooks::subetha_drop_begin(self as *const Self as usize, instance_id, dropped_before + 1);
     }
 
     /// Closes the open drop episode. Producer only.
@@ -285,16 +324,7 @@ impl ObservationRing {
             return Err(RingCorrupt { head, tail });
         }
         let count = out.len().min(available as usize);
-        for (offset, dest) in out[..count].iter_mut().enumerate() {
-            let index = (head.wrapping_add(offset as u32) & INDEX_MASK) as usize;
-            *dest = self.buf[index].with(|slot| {
-                // SAFETY: `index` is in `[head, tail)`, published by the
-                // producer's Release of `tail` (Acquired above), and the
-                // producer does not write it again until we release `head`
-                // past it below.
-                unsafe { slot.read() }
-            });
-        }
+        self.copy_out(head, &mut out[..count]);
         if count > 0 {
             // Release: the copies above finish before the producer may reuse
             // the slots.
@@ -302,6 +332,45 @@ impl ObservationRing {
                 .store(head.wrapping_add(count as u32), Ordering::Release);
         }
         Ok(count)
+    }
+
+    /// Copies `out.len()` slots starting at index `head` into `out`.
+    /// Consumer only, for slots in `[head, tail)` (see `try_pop_batch`).
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn copy_out(&self, head: u32, out: &mut [Observation]) {
+        // At most two contiguous runs (before and after the wrap): wide
+        // copies instead of a per-slot loop, which also keeps the consumer's
+        // reads of each cache line short while the producer writes nearby.
+        let start = (head & INDEX_MASK) as usize;
+        let first = out.len().min(CAPACITY - start);
+        let (front, back) = out.split_at_mut(first);
+        // SAFETY: `UnsafeCell<Observation>` is `repr(transparent)` over
+        // `Observation`, so `buf` is an array of observations. The source
+        // ranges `[start, start + first)` and `[0, back.len())` are within
+        // the buffer (first ≤ CAPACITY - start, back.len() ≤ start since
+        // out.len() ≤ CAPACITY) and hold slots in `[head, tail)`, which the
+        // producer published (Acquire on `tail` in the caller) and will not
+        // write until we release `head`. `out` does not overlap the ring.
+        unsafe {
+            let base = self.buf.as_ptr().cast::<Observation>();
+            std::ptr::copy_nonoverlapping(base.add(start), front.as_mut_ptr(), front.len());
+            std::ptr::copy_nonoverlapping(base, back.as_mut_ptr(), back.len());
+        }
+    }
+
+    /// Loom build: the same copy slot by slot, so the model checker sees
+    /// each cell access.
+    #[cfg(loom)]
+    fn copy_out(&self, head: u32, out: &mut [Observation]) {
+        for (offset, dest) in out.iter_mut().enumerate() {
+            let index = (head.wrapping_add(offset as u32) & INDEX_MASK) as usize;
+            *dest = self.buf[index].with(|slot| {
+                // SAFETY: as in the non-loom copy: a published slot in
+                // `[head, tail)` the producer does not write until released.
+                unsafe { slot.read() }
+            });
+        }
     }
 
     /// Observations waiting to be popped, as seen now (clamped to capacity).
@@ -453,6 +522,19 @@ mod tests {
             (again.dropped, again.episodes, again.episode_begin_dropped),
             (11, 2, 10)
         );
+    }
+
+    #[test]
+    fn try_push_hands_back_without_counting_a_drop() {
+        let ring = Box::<ObservationRing>::default();
+        for i in 0..ObservationRing::CAPACITY {
+            assert!(ring.try_push(Observation::new(i as u32, 1, 0, 0)).is_ok());
+        }
+        let back = ring.try_push(Observation::new(7, 2, 0, 9)).unwrap_err();
+        assert_eq!((back.instance_id, back.op_kind, back.latency_ticks), (7, 2, 9));
+        assert_ne!(back.producer_thread_id, 0, "stamped");
+        let counters = ring.producer_counters();
+        assert_eq!((counters.dropped, counters.episodes), (0, 0));
     }
 
     #[test]

@@ -15,8 +15,9 @@ pub(crate) use std::sync::atomic::Ordering;
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 
-/// `core::cell::UnsafeCell` with loom's `with`/`with_mut` access API, so the
-/// same ring code compiles against both.
+/// `core::cell::UnsafeCell` with loom's `with_mut` access API, so the same
+/// ring code compiles against both. (Reads go through `copy_out`, which has a
+/// loom-specific version using loom's `with`.)
 #[cfg(not(loom))]
 #[derive(Debug)]
 #[repr(transparent)]
@@ -26,11 +27,6 @@ pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
 impl<T> UnsafeCell<T> {
     pub(crate) const fn new(value: T) -> Self {
         Self(core::cell::UnsafeCell::new(value))
-    }
-
-    #[inline(always)]
-    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
-        f(self.0.get())
     }
 
     #[inline(always)]
