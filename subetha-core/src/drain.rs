@@ -457,16 +457,25 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             return;
         }
         if record.generation != generation || record.thread_id == 0 {
-            let dropped_seen = record.dropped_seen;
-            let episodes_seen = record.episodes_seen;
+            // The slot's counters are cumulative over occupants. Charge the
+            // new occupant only what happened after its claim, even if this
+            // consumer never saw the earlier occupants (it attached later).
+            let dropped_seen = record
+                .dropped_seen
+                .max(slot.dropped_at_claim.load(Ordering::Relaxed));
+            let claim_episodes = slot.episodes_at_claim.load(Ordering::Relaxed);
+            // The later of the two on the wrapping counter.
+            let episodes_seen = if claim_episodes.wrapping_sub(record.episodes_seen) < u32::MAX / 2 {
+                claim_episodes
+            } else {
+                record.episodes_seen
+            };
             *record = RingRecord {
                 slot: index,
                 generation,
                 os_tid: slot.os_tid.load(Ordering::Relaxed),
                 thread_id: slot.thread_id.load(Ordering::Relaxed),
                 thread_name: read_text(&slot.thread_name, slot.thread_name_len.load(Ordering::Relaxed)),
-                // The slot's counters are cumulative over occupants: keep
-                // the baseline so a new occupant starts from zero.
                 dropped_seen,
                 episodes_seen,
                 ..RingRecord::default()

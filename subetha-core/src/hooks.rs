@@ -1,8 +1,10 @@
 //! Stable attach points for uprobes: the edges of drop episodes and scans.
 //!
 //! Each hook is `#[no_mangle] #[inline(never)] extern "C"`, so its symbol is
-//! in every binary that links subetha-core and a uprobe can be attached to
-//! it by name. With no probe attached a call costs a few cycles, and hooks
+//! in every binary that uses it — the drop hooks wherever rings are pushed
+//! into, the scan hooks wherever a consumer drains (every application that
+//! registers an instance links both through its sidecar) — and a uprobe can
+//! be attached to it by name. With no probe attached a call costs a few cycles, and hooks
 //! are called on *edges* only — once per drop episode or per scan, never
 //! once per drop or per observation.
 //!

@@ -22,7 +22,7 @@
 use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::Once;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use crate::clock;
 use crate::observation::{Observation, thread_id};
@@ -97,6 +97,8 @@ static INHERITED: AtomicPtr<Segment> = AtomicPtr::new(ptr::null_mut());
 /// the parent and must not touch its slots.
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 static ATFORK: Once = Once::new();
+/// Held while the process segment is being created.
+static CREATING: AtomicBool = AtomicBool::new(false);
 
 /// The thread's ring, read on every observation. Kept apart from the guard
 /// below because a thread-local without a destructor is a plain
@@ -167,45 +169,57 @@ fn create_process_segment() -> Result<&'static Segment, RegistryError> {
             libc::pthread_atfork(None, None, Some(after_fork_in_child));
         }
     });
+    // One creator at a time: the creator copies the inherited instance
+    // table and then unmaps it, which must not happen under another thread's
+    // copy. A spin lock rather than a mutex so the atfork handler can reset
+    // it (it runs once per process, for the few milliseconds creation takes).
+    while CREATING
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    let result = create_locked();
+    CREATING.store(false, Ordering::Release);
+    let (segment, created) = result?;
+    if created {
+        crate::sidecar::on_process_segment_created(segment);
+        if let Some(fd) = segment.fd() {
+            crate::announce::announce(fd);
+        }
+    }
+    Ok(segment)
+}
+
+/// Creates the process segment unless another thread did meanwhile; holds
+/// `CREATING`. Returns the segment and whether this call created it.
+fn create_locked() -> Result<(&'static Segment, bool), RegistryError> {
+    let current = CURRENT.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: segments stored in CURRENT are leaked boxes, never freed.
+        return Ok((unsafe { &*current }, false));
+    }
     let segment = Segment::create(SegmentConfig::from_env())?;
-    let inherited = INHERITED.load(Ordering::Acquire);
+    let inherited = INHERITED.swap(ptr::null_mut(), Ordering::AcqRel);
     if !inherited.is_null() {
-        // SAFETY: INHERITED holds a leaked segment whose mapping is still
-        // in place until we clear it below.
-        copy_live_instances(unsafe { &*inherited }.view(), segment.view());
+        // SAFETY: the parent's segment, leaked in this child and still
+        // mapped; we hold CREATING, so nobody else reads it, and no
+        // reference to it survives the fork (the thread-locals pointing into
+        // it were cleared by the atfork handler). Freed after the copy.
+        let parent = unsafe { Box::from_raw(inherited) };
+        copy_live_instances(parent.view(), segment.view());
+        drop(parent);
     }
-    let fresh = Box::into_raw(Box::new(segment));
-    match CURRENT.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            let inherited = INHERITED.swap(ptr::null_mut(), Ordering::AcqRel);
-            if !inherited.is_null() {
-                // SAFETY: the parent's segment, leaked in this child; no
-                // reference to it survives the fork (the thread-locals
-                // pointing into it were cleared by the atfork handler).
-                drop(unsafe { Box::from_raw(inherited) });
-            }
-            // SAFETY: just leaked; never freed.
-            let segment: &'static Segment = unsafe { &*fresh };
-            crate::sidecar::on_process_segment_created(segment);
-            if let Some(fd) = segment.fd() {
-                crate::announce::announce(fd);
-            }
-            Ok(segment)
-        }
-        Err(winner) => {
-            // Another thread created it first; ours is unmapped and closed.
-            // SAFETY: `fresh` came from Box::into_raw above and was never
-            // shared.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: leaked, never freed.
-            Ok(unsafe { &*winner })
-        }
-    }
+    let fresh: &'static Segment = Box::leak(Box::new(segment));
+    CURRENT.store(fresh as *const Segment as *mut Segment, Ordering::Release);
+    Ok((fresh, true))
 }
 
 /// Runs in the child after `fork`, on the forking thread (the only one).
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::AcqRel);
+    // A parent thread creating the segment at the fork does not exist here.
+    CREATING.store(false, Ordering::Release);
     PRODUCER.set(Producer {
         ring: ptr::null(),
         thread_id: 0,
@@ -495,6 +509,9 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
         slot.claimed_mono_ns
             .store(clock::monotonic_ns(), Ordering::Relaxed);
         slot.orphaned_mono_ns.store(0, Ordering::Relaxed);
+        let previous = slot.ring.producer_counters();
+        slot.dropped_at_claim.store(previous.dropped, Ordering::Relaxed);
+        slot.episodes_at_claim.store(previous.episodes, Ordering::Relaxed);
         // Release: the consumer that sees ACTIVE sees the metadata above.
         slot.state.store(slot_state::ACTIVE, Ordering::Release);
         view.live()

@@ -260,7 +260,8 @@ impl ObservationRing {
     #[inline(never)]
     fn begin_episode(&self, instance_id: u32, dropped_before: u64) {
         self.episode_begin_ticks.store(clock::ticks(), Ordering::Relaxed);
-        self.episode_begin_dropped.store(dropped_before, Ordering::Relaxed);
+        self.episode_begin_dropped
+            .store(dropped_before, Ordering::Relaxed);
         self.episode_first_instance.store(instance_id, Ordering::Relaxed);
         self.in_episode.store(1, Ordering::Relaxed);
         let episodes = self.episodes.owner_load().wrapping_add(1);
@@ -276,7 +277,10 @@ impl ObservationRing {
         self.episode_end_ticks.store(clock::ticks(), Ordering::Relaxed);
         // Release: a consumer that sees the episode closed sees its end time.
         self.in_episode.store(0, Ordering::Release);
-        let in_episode = self.dropped.owner_load().wrapping_sub(self.episode_begin_dropped.owner_load());
+        let in_episode = self
+            .dropped
+            .owner_load()
+            .wrapping_sub(self.episode_begin_dropped.owner_load());
         hooks::subetha_drop_end(self as *const Self as usize, in_episode);
     }
 

@@ -230,7 +230,13 @@ pub struct RingSlot {
     /// consumer that crashed between publishing `head` and updating this is
     /// reconciled by the next one ([`RingSlot::reconcile_drained`]).
     pub drained_total: AtomicU64,
-    _pad1: [u8; 56],
+    /// The ring's drop counter when the current occupant claimed the slot
+    /// (written by the claiming thread before it publishes ACTIVE): a
+    /// consumer attaching later charges the occupant only drops after it.
+    pub dropped_at_claim: AtomicU64,
+    /// The ring's episode counter at claim, likewise.
+    pub episodes_at_claim: AtomicU32,
+    _pad1: [u8; 44],
     /// The ring itself.
     pub ring: ObservationRing,
 }
@@ -633,7 +639,8 @@ unsafe impl Sync for SegmentView {}
 impl SegmentView {
     /// Maps the memfd `fd` (e.g. opened through `/proc/<pid>/fd/<n>`) and
     /// validates it against `expect`. Refuses files not sealed against
-    /// shrinking.
+    /// shrinking. The mapping is shared and writable (a consumer publishes
+    /// `head` and the lease), so `fd` must be open for reading and writing.
     pub fn map_fd(fd: BorrowedFd<'_>, expect: &Expectations) -> Result<Self, SegmentError> {
         // SAFETY: fcntl F_GET_SEALS on a descriptor we borrow.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };

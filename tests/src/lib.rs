@@ -1,1 +1,115 @@
-//! Cross-crate integration tests live in `tests/tests/`.
+//! Cross-crate and multi-process integration tests live in `tests/tests/`
+//! (one process per file); this library holds what several of them share:
+//! polling with a deadline, `/proc` inspection, running checks in a
+//! `fork()`ed child ([`forking`]), re-executing the test binary in a child
+//! role ([`rerun_self`]), driving the `subetha-child` helper process
+//! ([`child`]), and reading ELF symbol tables ([`elf`]).
+//!
+//! | file | what it proves |
+//! |------|----------------|
+//! | `fork.rs` | a forked child gets its own segment, memfd and thread ids; the parent's rings get nothing from it |
+//! | `fork_with_sidecar.rs` | child and grandchild (forked before first use) each get their own sidecar and exact counts |
+//! | `fork_race.rs` | racing first uses in a forked child share one segment (currently a known bug) |
+//! | `hook_symbols.rs` | the four uprobe hooks are global, distinct FUNC symbols not starting with LOCK |
+//! | `memory.rs` | 10,000 short-lived threads reuse ≤ 8 slots; touched memory bounded; conservation |
+//! | `pipeline.rs` | exact sidecar statistics end to end, policies, retirement, slot reuse |
+//! | `ring_table_full.rs` | `RingTableFull`, `lost_no_ring`, and re-claiming a freed slot |
+//! | `sidecar_lease.rs` | the auto sidecar's lease refuses a second consumer |
+//! | `cross_process.rs` | another process drains a segment through `/proc/<pid>/fd`, exactly; leases across processes |
+//! | `thread_exit.rs` | observations from thread-exit destructors: delivered or counted lost |
+//! | `consumer_change.rs` | a new consumer does not blame a slot's new thread for old drops (currently a known bug) |
+//!
+//! Test files that depend on process-global state (the process segment, the
+//! auto sidecar) hold one `#[test]` each.
+
+use std::fmt::Display;
+use std::time::{Duration, Instant};
+
+pub mod child;
+pub mod elf;
+pub mod forking;
+pub mod procfs;
+
+/// Generous deadline for anything that waits on another thread or process.
+/// Waits poll; a timeout is a failure, never an assumption about timing.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Polls `check` until it returns `Some`, sleeping briefly in between.
+/// Panics after `timeout`, describing what was awaited and the last state
+/// `describe` reports.
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: impl Display,
+    mut check: impl FnMut() -> Option<T>,
+    describe: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; last state: {}",
+                describe()
+            );
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
+}
+
+/// The calling thread's OS thread id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The real uid of this process.
+pub fn getuid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Environment variable naming the role a re-executed test binary plays.
+pub const ROLE_ENV: &str = "SUBETHA_TEST_ROLE";
+
+/// The role this process was re-executed for, if any.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE_ENV).ok()
+}
+
+/// Runs the current test binary again, restricted to the single test
+/// `test_name` (its full path inside the file, e.g. `ring_table_full`), with
+/// [`ROLE_ENV`] set to `role` and `env` added. Panics unless the child ran
+/// exactly that one test and it passed; returns its combined output.
+pub fn rerun_self(test_name: &str, role: &str, env: &[(&str, &str)]) -> String {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut command = std::process::Command::new(exe);
+    command
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .env_remove("SUBETHA_SIDECAR")
+        .env_remove("SUBETHA_RING_SLOTS")
+        .env_remove("SUBETHA_INSTANCES");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("spawn the test binary again");
+    let text = format!(
+        "--- child stdout ---\n{}\n--- child stderr ---\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "child role {role:?} failed ({}):\n{text}",
+        output.status
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+        "child role {role:?} did not run exactly one test:\n{text}"
+    );
+    text
+}
