@@ -30,18 +30,18 @@ use subetha_core::drain::Drainer;
 use subetha_core::lease::{TakeoverRequest, word_pid};
 use subetha_core::segment::SegmentView;
 use subetha_core::stats::LatencyHistogram;
-use subetha_core::{ObservationRing, ScanReport};
+use subetha_core::ObservationRing;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, SchedSample};
 use crate::discovery::{self, Candidate};
-use crate::registration::{Registered, Registration};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
 };
+use crate::registration::{Registered, Registration};
 
 /// How the agent behaves.
 #[derive(Clone, Debug)]
@@ -97,6 +97,8 @@ const OFF_CPU_HISTORY: usize = 8192;
 /// A storm's cause is (re)computed until this long after it ended, as late
 /// kernel events and scheduler samples arrive.
 const CAUSE_SETTLE_NS: u64 = 2_000_000_000;
+/// Exited processes whose final reports are kept (within `retention`).
+const EXITED_HISTORY: usize = 4096;
 /// Refused segments remembered (one error log each).
 const REFUSED_HISTORY: usize = 256;
 
@@ -128,6 +130,8 @@ struct Tracked {
 
 struct State {
     config: AgentConfig,
+    /// Final reports of exited processes, oldest first, kept for `retention`.
+    exited: VecDeque<(ProcessReport, Instant)>,
     registrations: Option<(Registration, Receiver<Registered>)>,
     tracked: Vec<Tracked>,
     refused: VecDeque<RefusedSegment>,
@@ -162,10 +166,14 @@ pub struct AgentHandle {
 impl Agent {
     /// An agent with `config`.
     pub fn new(config: AgentConfig) -> Self {
-        let interval = config.min_scan_interval.max(Duration::from_millis(1)).min(config.max_scan_interval);
+        let interval = config
+            .min_scan_interval
+            .max(Duration::from_millis(1))
+            .min(config.max_scan_interval);
         Self {
             state: State {
                 config,
+                exited: VecDeque::new(),
                 registrations: None,
                 tracked: Vec::new(),
                 refused: VecDeque::new(),
@@ -374,8 +382,7 @@ impl State {
             self.scan_gaps.record(started.saturating_sub(end));
         }
         let mut max_fill = 0u32;
-        let mut reports: Vec<(usize, ScanReport)> = Vec::new();
-        for (index, tracked) in self.tracked.iter_mut().enumerate() {
+        for tracked in self.tracked.iter_mut() {
             if tracked.exited.is_some() {
                 continue;
             }
@@ -396,7 +403,6 @@ impl State {
             }
             let report = tracked.drainer.scan();
             max_fill = max_fill.max(report.max_fill);
-            reports.push((index, report));
             if exited {
                 // Final drain: the process is gone, its rings hold the rest.
                 for _ in 0..64 {
@@ -420,9 +426,38 @@ impl State {
         for index in 0..self.tracked.len() {
             self.update_storms(index);
         }
+        self.retire_exited();
         self.adapt_interval(max_fill);
         self.expire();
-        let _ = reports;
+    }
+
+    /// Freezes exited processes into reports and unmaps their segments: an
+    /// exited process's final stats cost a report, not its rings' memory.
+    fn retire_exited(&mut self) {
+        let mut index = 0;
+        while index < self.tracked.len() {
+            if self.tracked[index].exited.is_none() {
+                index += 1;
+                continue;
+            }
+            let tracked = self.tracked.swap_remove(index);
+            let at = tracked.exited.map_or_else(Instant::now, |(_, at)| at);
+            // Storms still open when the process died end with it.
+            let exit_ns = tracked.exited.map_or_else(clock::monotonic_ns, |(ns, _)| ns);
+            for storm_id in tracked.open_storms.values() {
+                if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == *storm_id)
+                    && storm.end_mono_ns.is_none()
+                {
+                    storm.end_mono_ns = Some(exit_ns.max(storm.begin_mono_ns));
+                    storm.end_estimated = true;
+                    storm.duration_ns = exit_ns.saturating_sub(storm.begin_mono_ns);
+                }
+            }
+            if self.exited.len() == EXITED_HISTORY {
+                self.exited.pop_front();
+            }
+            self.exited.push_back((tracked.report(), at));
+        }
     }
 
     /// Samples the scan thread's run delay (the no-probes fallback).
@@ -460,7 +495,9 @@ impl State {
             if settled && storm.cause.is_some() {
                 break;
             }
-            let since = storm.begin_mono_ns.saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
+            let since = storm
+                .begin_mono_ns
+                .saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
             let scans: Vec<(u64, u64)> = self
                 .scans
                 .iter()
@@ -500,10 +537,9 @@ impl State {
 
     fn expire(&mut self) {
         let retention = self.config.retention;
-        self.tracked.retain(|t| match t.exited {
-            Some((_, at)) => at.elapsed() < retention,
-            None => true,
-        });
+        while self.exited.front().is_some_and(|(_, at)| at.elapsed() >= retention) {
+            self.exited.pop_front();
+        }
     }
 
     fn update_storms(&mut self, index: usize) {
@@ -591,9 +627,13 @@ impl State {
     fn release_all(&mut self) {
         for tracked in &mut self.tracked {
             tracked.drainer.release_lease();
-            if let Lease::Requested(request, _) = std::mem::replace(&mut tracked.lease, Lease::Waiting(String::new(), Instant::now())) {
+            if let Lease::Requested(request, _) =
+                std::mem::replace(&mut tracked.lease, Lease::Waiting(String::new(), Instant::now()))
+            {
                 // Withdraw by waiting zero time.
-                let _ = request.wait(tracked.drainer.view(), Duration::ZERO).map(|lease| lease.release(tracked.drainer.view()));
+                let _ = request
+                    .wait(tracked.drainer.view(), Duration::ZERO)
+                    .map(|lease| lease.release(tracked.drainer.view()));
             }
         }
     }
@@ -614,7 +654,12 @@ impl State {
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
                 probes: "off".into(),
             },
-            processes: self.tracked.iter().map(Tracked::report).collect(),
+            processes: self
+                .tracked
+                .iter()
+                .map(Tracked::report)
+                .chain(self.exited.iter().map(|(report, _)| report.clone()))
+                .collect(),
             storms: self.storms.iter().cloned().collect(),
             refused: self.refused.iter().cloned().collect(),
         }
