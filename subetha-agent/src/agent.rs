@@ -17,7 +17,7 @@
 //! Stopping ([`AgentHandle::stop`]) drains once more and hands every lease
 //! back, so the applications' sidecars resume.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,6 +130,8 @@ struct Tracked {
 
 struct State {
     config: AgentConfig,
+    /// Settled storm causes per process, for the monotonic metric.
+    cause_counts: HashMap<u32, BTreeMap<String, u64>>,
     /// Final reports of exited processes, oldest first, kept for `retention`.
     exited: VecDeque<(ProcessReport, Instant)>,
     registrations: Option<(Registration, Receiver<Registered>)>,
@@ -173,6 +175,7 @@ impl Agent {
         Self {
             state: State {
                 config,
+                cause_counts: HashMap::new(),
                 exited: VecDeque::new(),
                 registrations: None,
                 tracked: Vec::new(),
@@ -489,12 +492,12 @@ impl State {
         let samples: Vec<SchedSample> = self.sched_samples.iter().copied().collect();
         let off_cpu: Vec<OffCpu> = self.off_cpu.iter().cloned().collect();
         for storm in self.storms.iter_mut().rev() {
+            if storm.cause_settled {
+                break; // older storms settled before this one
+            }
             let settled = storm
                 .end_mono_ns
                 .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
-            if settled && storm.cause.is_some() {
-                break;
-            }
             let since = storm
                 .begin_mono_ns
                 .saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
@@ -519,7 +522,17 @@ impl State {
                 producer_cpu: None,
                 producer_migrations: &[],
             };
-            storm.cause = Some(cause::diagnose(storm, &facts));
+            let verdict = cause::diagnose(storm, &facts);
+            if settled {
+                storm.cause_settled = true;
+                *self
+                    .cause_counts
+                    .entry(storm.pid)
+                    .or_default()
+                    .entry(verdict.kind.clone())
+                    .or_default() += 1;
+            }
+            storm.cause = Some(verdict);
         }
     }
 
@@ -608,6 +621,7 @@ impl State {
                 max_scan_gap_ns: gaps.first().map_or(0, |g| g.end_mono_ns - g.begin_mono_ns),
                 scan_gaps: gaps,
                 cause: None,
+                cause_settled: false,
             };
             tracing::warn!(
                 storm = id,
@@ -659,6 +673,10 @@ impl State {
                 .iter()
                 .map(Tracked::report)
                 .chain(self.exited.iter().map(|(report, _)| report.clone()))
+                .map(|mut report| {
+                    report.storm_causes = self.cause_counts.get(&report.pid).cloned().unwrap_or_default();
+                    report
+                })
                 .collect(),
             storms: self.storms.iter().cloned().collect(),
             refused: self.refused.iter().cloned().collect(),
@@ -769,6 +787,7 @@ impl Tracked {
             drained: rings.iter().map(|r| r.drained).sum(),
             dropped: rings.iter().map(|r| r.dropped).sum(),
             storms: self.storms_begun,
+            storm_causes: BTreeMap::new(),
             rings,
             instances,
         }

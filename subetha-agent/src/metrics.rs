@@ -514,9 +514,21 @@ impl Collector for SnapshotCollector {
         };
         counter(
             e,
-            "subetha_storms",
+            "subetha_storms_begun",
             "Drop storms begun in the process since the agent attached.",
             views.iter().map(|v| (v.labels(), v.process.storms)),
+        )?;
+        counter(
+            e,
+            "subetha_storms",
+            "Drop storms whose cause is settled, by cause (begun minus these are still being diagnosed).",
+            views.iter().flat_map(|v| {
+                v.process.storm_causes.iter().map(move |(cause, count)| {
+                    let mut labels = v.labels();
+                    labels.push(("cause", Value::Str(cause)));
+                    (labels, *count)
+                })
+            }),
         )?;
         gauge(
             e,
@@ -669,6 +681,7 @@ pub(crate) mod tests {
                 drained: 1500,
                 dropped: 40,
                 storms: 2,
+                storm_causes: [("producer_burst".to_string(), 1)].into(),
                 rings: vec![
                     RingReport {
                         slot: 0,
@@ -835,7 +848,8 @@ pub(crate) mod tests {
             "subetha_instance_drops_attributed_total{pid=\"4242\",comm=\"app\",instance_id=\"2\",\
              instance_name=\"jobs\",kind=\"channel\"} 40"
                 .into(),
-            "subetha_storms_total{pid=\"4242\",comm=\"app\"} 2".into(),
+            "subetha_storms_begun_total{pid=\"4242\",comm=\"app\"} 2".into(),
+            "subetha_storms_total{pid=\"4242\",comm=\"app\",cause=\"producer_burst\"} 1".into(),
             "subetha_storms_active{pid=\"4242\",comm=\"app\"} 1".into(),
             "# TYPE subetha_scan_duration_seconds summary".into(),
             "subetha_scan_duration_seconds{quantile=\"0.5\"} 0.00002".into(),

@@ -122,6 +122,8 @@ pub struct ProcessReport {
     /// Drop storms begun in this process since the agent attached (never
     /// decreases, unlike the bounded storm history).
     pub storms: u64,
+    /// Storms with a settled cause, by cause kind (never decrease).
+    pub storm_causes: std::collections::BTreeMap<String, u64>,
     /// Ring slots in use or used.
     pub rings: Vec<RingReport>,
     /// Live and retired instances.
@@ -232,7 +234,12 @@ pub struct OpReport {
 
 impl InstanceReport {
     /// From a drainer's instance record.
-    pub fn from_record(record: &InstanceRecord, retired: bool, policy: u32, calibration: &Calibration) -> Self {
+    pub fn from_record(
+        record: &InstanceRecord,
+        retired: bool,
+        policy: u32,
+        calibration: &Calibration,
+    ) -> Self {
         let stats = &record.stats;
         let latency = stats
             .latency()
@@ -310,8 +317,11 @@ pub struct StormReport {
     pub scan_gaps: Vec<ScanGap>,
     /// Longest overlapping scan gap, ns.
     pub max_scan_gap_ns: u64,
-    /// Why it happened, when known (see the probes integration).
+    /// Why it happened: recomputed as evidence arrives, final once
+    /// `cause_settled`.
     pub cause: Option<Cause>,
+    /// The cause will not change any more (evidence settled after the end).
+    pub cause_settled: bool,
 }
 
 /// A gap between two scans of the agent's scanner.
