@@ -15,7 +15,10 @@ const MAX_RESPONSE: u64 = 64 << 20;
 pub fn get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut response = Vec::new();
     stream.take(MAX_RESPONSE).read_to_end(&mut response)?;
     let text = String::from_utf8(response).context("response is not UTF-8")?;

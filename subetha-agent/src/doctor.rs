@@ -58,7 +58,14 @@ pub fn run() -> Vec<Check> {
     checks.push(Check::new(
         "capabilities",
         bpf_ok,
-        format!("effective: {}", if names.is_empty() { "none".into() } else { names.join(", ") }),
+        format!(
+            "effective: {}",
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
+        ),
         "warn",
     ));
     checks.push(Check::new("kernel", true, kernel_release(), "ok"));
@@ -66,7 +73,11 @@ pub fn run() -> Vec<Check> {
     checks.push(Check::new(
         "btf",
         btf,
-        if btf { "/sys/kernel/btf/vmlinux present" } else { "no kernel BTF: tp_btf programs unavailable" },
+        if btf {
+            "/sys/kernel/btf/vmlinux present"
+        } else {
+            "no kernel BTF: tp_btf programs unavailable"
+        },
         "missing",
     ));
     let tracefs = tracefs_root();
@@ -79,14 +90,23 @@ pub fn run() -> Vec<Check> {
         },
         "missing",
     ));
-    for event in ["sched_switch", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task"] {
+    for event in [
+        "sched_switch",
+        "sched_wakeup",
+        "sched_wakeup_new",
+        "sched_migrate_task",
+    ] {
         let present = tracefs
             .as_ref()
             .is_some_and(|root| std::path::Path::new(&format!("{root}/events/sched/{event}")).exists());
         checks.push(Check::new(
             &format!("tracepoint sched/{event}"),
             present,
-            if present { "available" } else { "unavailable (needs tracefs)" },
+            if present {
+                "available"
+            } else {
+                "unavailable (needs tracefs)"
+            },
             "missing",
         ));
     }
@@ -94,7 +114,11 @@ pub fn run() -> Vec<Check> {
     checks.push(Check::new(
         "uprobes",
         uprobes,
-        if uprobes { "uprobe PMU present" } else { "no uprobe PMU: drop/scan hooks cannot be probed" },
+        if uprobes {
+            "uprobe PMU present"
+        } else {
+            "no uprobe PMU: drop/scan hooks cannot be probed"
+        },
         "missing",
     ));
     let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
@@ -155,9 +179,21 @@ mod tests {
     #[test]
     fn reports_every_area() {
         let checks = run();
-        for name in ["user", "capabilities", "kernel", "btf", "tracefs", "uprobes", "probes"] {
+        for name in [
+            "user",
+            "capabilities",
+            "kernel",
+            "btf",
+            "tracefs",
+            "uprobes",
+            "probes",
+        ] {
             assert!(checks.iter().any(|c| c.name == name), "missing {name}");
         }
-        assert!(checks.iter().all(|c| ["ok", "warn", "missing"].contains(&c.status.as_str())));
+        assert!(
+            checks
+                .iter()
+                .all(|c| ["ok", "warn", "missing"].contains(&c.status.as_str()))
+        );
     }
 }

@@ -11,7 +11,11 @@ use subetha_agent::export::JsonlExporter;
 use subetha_agent::{Agent, AgentConfig, AgentSnapshot, client, doctor, http};
 
 #[derive(Parser)]
-#[command(name = "subetha-agent", version, about = "Drain subetha rings of every instrumented process and serve their statistics")]
+#[command(
+    name = "subetha-agent",
+    version,
+    about = "Drain subetha rings of every instrumented process and serve their statistics"
+)]
 struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -153,7 +157,9 @@ fn main() -> std::process::ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SUBETHA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -176,7 +182,12 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "subetha-agent", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "subetha-agent",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
     }
@@ -184,8 +195,11 @@ fn dispatch(command: Command) -> Result<()> {
 
 fn run(args: RunArgs) -> Result<()> {
     let config = AgentConfig {
-        registration_socket: (!args.no_socket)
-            .then(|| args.socket.clone().unwrap_or_else(subetha_core::announce::user_socket_path)),
+        registration_socket: (!args.no_socket).then(|| {
+            args.socket
+                .clone()
+                .unwrap_or_else(subetha_core::announce::user_socket_path)
+        }),
         ..args.scan.config()?
     };
     let mut exporter = match args.export_jsonl.as_deref() {
@@ -272,8 +286,12 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
 }
 
 fn status(args: StatusArgs, storms_only: bool) -> Result<()> {
-    let body = client::get(args.addr, "/api/v1/snapshot")
-        .with_context(|| format!("no agent answering on {} (is `subetha-agent run` running?)", args.addr))?;
+    let body = client::get(args.addr, "/api/v1/snapshot").with_context(|| {
+        format!(
+            "no agent answering on {} (is `subetha-agent run` running?)",
+            args.addr
+        )
+    })?;
     let snapshot: AgentSnapshot = serde_json::from_str(&body).context("agent sent an unreadable snapshot")?;
     if args.json {
         if storms_only {

@@ -45,7 +45,11 @@ impl Registration {
     pub fn start(path: &Path, sink: Sender<Registered>) -> io::Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
-            let mode = if path == Path::new(SYSTEM_SOCKET) { 0o755 } else { 0o700 };
+            let mode = if path == Path::new(SYSTEM_SOCKET) {
+                0o755
+            } else {
+                0o700
+            };
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
         }
         if path.exists() {
@@ -60,14 +64,20 @@ impl Registration {
         let listener = UnixListener::bind(path)?;
         // The system socket accepts any user's segment (each is validated);
         // a per-user socket only its owner's.
-        let mode = if path == Path::new(SYSTEM_SOCKET) { 0o666 } else { 0o600 };
+        let mode = if path == Path::new(SYSTEM_SOCKET) {
+            0o666
+        } else {
+            0o600
+        };
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::Builder::new().name("subetha-register".into()).spawn({
-            let stop = Arc::clone(&stop);
-            move || listen(&listener, &sink, &stop)
-        })?;
+        let thread = std::thread::Builder::new()
+            .name("subetha-register".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || listen(&listener, &sink, &stop)
+            })?;
         Ok(Self {
             path: path.to_path_buf(),
             stop,
@@ -170,7 +180,11 @@ fn receive(stream: &UnixStream) -> io::Result<Option<Registered>> {
 }
 
 fn peer_pid(stream: &UnixStream) -> io::Result<u32> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`.
     let rc = unsafe {

@@ -44,7 +44,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         Err(error) => {
             eprintln!("demo: eBPF toolchain unavailable ({error:#}); building the agent without probes");
             cargo(
-                &["build", "--release", "-p", "subetha-agent", "--bins", "--no-default-features"],
+                &[
+                    "build",
+                    "--release",
+                    "-p",
+                    "subetha-agent",
+                    "--bins",
+                    "--no-default-features",
+                ],
                 &[],
             )?;
         }
@@ -54,7 +61,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let addr = format!("127.0.0.1:{port}");
     let log_path = workspace_root().join("target/subetha-demo-agent.log");
     let log = std::fs::File::create(&log_path).context("creating the agent log")?;
-    eprintln!("demo: starting subetha-agent on {addr} (log: {})", log_path.display());
+    eprintln!(
+        "demo: starting subetha-agent on {addr} (log: {})",
+        log_path.display()
+    );
     let agent = Guard(
         Command::new(bin.join("subetha-agent"))
             .args(["run", "--listen", &addr, "--discovery-interval", "200ms"])
@@ -67,7 +77,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     eprintln!("demo: starting subetha-demo --burst for {} s", args.seconds);
     let demo = Guard(
         Command::new(bin.join("subetha-demo"))
-            .args(["--burst", "--threads", "4", "--duration", &format!("{}s", args.seconds)])
+            .args([
+                "--burst",
+                "--threads",
+                "4",
+                "--duration",
+                &format!("{}s", args.seconds),
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .context("starting subetha-demo")?,
@@ -80,8 +96,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         if demo.0.try_wait()?.is_some() {
             break;
         }
-        println!("\n===== live view after {:.0} s =====", started.elapsed().as_secs_f64());
-        let _ = Command::new(bin.join("subetha-agent")).args(["status", "--addr", &addr]).status();
+        println!(
+            "\n===== live view after {:.0} s =====",
+            started.elapsed().as_secs_f64()
+        );
+        let _ = Command::new(bin.join("subetha-agent"))
+            .args(["status", "--addr", &addr])
+            .status();
     }
     let output = std::mem::replace(&mut demo.0, Command::new("true").spawn()?).wait_with_output()?;
     if !output.status.success() {
@@ -93,8 +114,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     // Let the agent notice the exit and drain the leftovers.
     std::thread::sleep(Duration::from_millis(800));
     println!("\n===== storms found by the agent =====");
-    let _ = Command::new(bin.join("subetha-agent")).args(["storms", "--addr", &addr]).status();
-    let json = Command::new(bin.join("subetha-agent")).args(["status", "--json", "--addr", &addr]).output()?;
+    let _ = Command::new(bin.join("subetha-agent"))
+        .args(["storms", "--addr", &addr])
+        .status();
+    let json = Command::new(bin.join("subetha-agent"))
+        .args(["status", "--json", "--addr", &addr])
+        .output()?;
     check_conservation(&String::from_utf8_lossy(&json.stdout), &truth, demo_pid)?;
     stop_agent(agent)?;
     Ok(())
@@ -121,7 +146,9 @@ fn wait_for_agent(bin: &std::path::Path, addr: &str) -> Result<()> {
 fn check_conservation(status_json: &str, truth_json: &str, pid: u32) -> Result<()> {
     let status: serde_json::Value = serde_json::from_str(status_json).context("agent status JSON")?;
     let truth: serde_json::Value = serde_json::from_str(truth_json).context("demo ground truth JSON")?;
-    let attempted = truth["observations_attempted"].as_u64().context("observations_attempted")?;
+    let attempted = truth["observations_attempted"]
+        .as_u64()
+        .context("observations_attempted")?;
     let process = status["processes"]
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid))))
@@ -129,15 +156,24 @@ fn check_conservation(status_json: &str, truth_json: &str, pid: u32) -> Result<(
     let drained = process["drained"].as_u64().unwrap_or(0);
     let dropped = process["dropped"].as_u64().unwrap_or(0);
     let lost = process["lost_no_ring"].as_u64().unwrap_or(0);
-    let storms = status["storms"]
-        .as_array()
-        .map_or(0, |s| s.iter().filter(|s| s["pid"].as_u64() == Some(u64::from(pid))).count());
+    let storms = status["storms"].as_array().map_or(0, |s| {
+        s.iter()
+            .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
+            .count()
+    });
     println!(
         "\n===== books =====\nattempted {attempted} = drained {drained} + dropped {dropped} + lost {lost} ({})\nstorms: {storms}",
-        if drained + dropped + lost == attempted { "balanced" } else { "NOT balanced" }
+        if drained + dropped + lost == attempted {
+            "balanced"
+        } else {
+            "NOT balanced"
+        }
     );
     if drained + dropped + lost != attempted {
-        bail!("observations unaccounted for: {}", attempted as i128 - (drained + dropped + lost) as i128);
+        bail!(
+            "observations unaccounted for: {}",
+            attempted as i128 - (drained + dropped + lost) as i128
+        );
     }
     if storms == 0 {
         bail!("the burst produced no drop storm");

@@ -38,7 +38,17 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
     for target in TARGETS {
         eprintln!("xtask fuzz: {target} for {} s", args.seconds);
         let status = Command::new("rustup")
-            .args(["run", "nightly", "cargo", "fuzz", "run", "--fuzz-dir", "subetha-core/fuzz", target, "--"])
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "fuzz",
+                "run",
+                "--fuzz-dir",
+                "subetha-core/fuzz",
+                target,
+                "--",
+            ])
             .arg(format!("-max_total_time={}", args.seconds))
             .arg("-rss_limit_mb=2048")
             .arg("-timeout=10")

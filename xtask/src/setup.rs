@@ -25,7 +25,10 @@ pub fn run() -> Result<()> {
 }
 
 fn rustup(args: &[&str]) -> Result<()> {
-    let status = Command::new("rustup").args(args).status().context("running rustup")?;
+    let status = Command::new("rustup")
+        .args(args)
+        .status()
+        .context("running rustup")?;
     if !status.success() {
         bail!("rustup {} failed", args.join(" "));
     }
@@ -45,7 +48,10 @@ fn ensure_nightly() -> Result<()> {
         .args(["component", "list", "--installed", "--toolchain", NIGHTLY])
         .output()
         .context("listing nightly components")?;
-    if !String::from_utf8_lossy(&components.stdout).lines().any(|l| l.starts_with("rust-src")) {
+    if !String::from_utf8_lossy(&components.stdout)
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
         eprintln!("xtask setup: adding rust-src to nightly");
         rustup(&["component", "add", "rust-src", "--toolchain", NIGHTLY])?;
     }
@@ -94,13 +100,17 @@ fn ensure_bpf_linker() -> Result<()> {
     let stamp = libllvm.display().to_string();
     let linker = cargo_home().join("bin/bpf-linker");
     let current = std::fs::read_to_string(&stamp_path).unwrap_or_default();
-    let works = Command::new(&linker).arg("--version").output().is_ok_and(|o| o.status.success());
+    let works = Command::new(&linker)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     // Built by hand with the same recipe? Then the loader resolves libLLVM
     // to nightly's copy.
     let file_name = libllvm.file_name().context("libLLVM has a name")?;
-    let linked_to_nightly = Command::new("ldd").arg(&linker).output().is_ok_and(|o| {
-        String::from_utf8_lossy(&o.stdout).contains(file_name.to_string_lossy().as_ref())
-    });
+    let linked_to_nightly = Command::new("ldd")
+        .arg(&linker)
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(file_name.to_string_lossy().as_ref()));
     if works && (current.trim() == stamp || linked_to_nightly) {
         eprintln!("xtask setup: bpf-linker is built against {}", libllvm.display());
         return Ok(());
@@ -118,7 +128,13 @@ fn ensure_bpf_linker() -> Result<()> {
             .with_context(|| format!("linking {} to {}", link.display(), libllvm.display()))?;
     }
     let status = Command::new("cargo")
-        .args(["install", "bpf-linker", "--force", "--no-default-features", "--features"])
+        .args([
+            "install",
+            "bpf-linker",
+            "--force",
+            "--no-default-features",
+            "--features",
+        ])
         .arg(format!("llvm-{major}"))
         .env("LLVM_PREFIX", &prefix)
         .status()
@@ -137,10 +153,14 @@ fn ensure_tracefs() {
     }
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("xtask setup: tracefs is not mounted and we are not root: sched tracepoints will be skipped");
+        eprintln!(
+            "xtask setup: tracefs is not mounted and we are not root: sched tracepoints will be skipped"
+        );
         return;
     }
-    let status = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status();
     match status {
         Ok(s) if s.success() => eprintln!("xtask setup: mounted tracefs"),
         _ => eprintln!("xtask setup: mounting tracefs failed: sched tracepoints will be skipped"),
