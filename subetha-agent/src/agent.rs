@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use subetha_core::clock;
 use subetha_core::drain::Drainer;
 use subetha_core::lease::{TakeoverRequest, word_pid};
-use subetha_core::segment::SegmentView;
+use subetha_core::segment::{SegmentView, slot_state};
 use subetha_core::stats::LatencyHistogram;
 use subetha_core::ObservationRing;
 
@@ -37,6 +37,7 @@ use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, SchedSample};
 use crate::discovery::{self, Candidate};
+use crate::probes::{ProbeEvent, Probes, Role};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
@@ -67,6 +68,20 @@ pub struct AgentConfig {
     pub registration_socket: Option<std::path::PathBuf>,
     /// Pin the scan thread to this CPU.
     pub scanner_cpu: Option<usize>,
+    /// Whether to load the eBPF probes.
+    pub probes: ProbeMode,
+}
+
+/// `--probes auto|on|off`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProbeMode {
+    /// Load them when privileges and kernel allow; else one warning.
+    #[default]
+    Auto,
+    /// Load them or fail to start.
+    On,
+    /// Never.
+    Off,
 }
 
 impl Default for AgentConfig {
@@ -82,6 +97,7 @@ impl Default for AgentConfig {
             storm_history: 1024,
             registration_socket: None,
             scanner_cpu: None,
+            probes: ProbeMode::Auto,
         }
     }
 }
@@ -92,6 +108,12 @@ const SCAN_HISTORY: usize = 1 << 16;
 const SCHED_HISTORY: usize = 8192;
 /// How often the scan thread samples its own schedstat (without probes).
 const SCHED_SAMPLE_NS: u64 = 5_000_000;
+/// How often the probes' ring buffer is read.
+const PROBE_DRAIN_NS: u64 = 20_000_000;
+/// Producer threads whose CPU and migrations are remembered.
+const PRODUCER_HISTORY: usize = 4096;
+/// Migrations kept per producer thread.
+const MIGRATION_HISTORY: usize = 64;
 /// Scanner off-CPU intervals kept (from the probes).
 const OFF_CPU_HISTORY: usize = 8192;
 /// A storm's cause is (re)computed until this long after it ended, as late
@@ -99,6 +121,8 @@ const OFF_CPU_HISTORY: usize = 8192;
 const CAUSE_SETTLE_NS: u64 = 2_000_000_000;
 /// Exited processes whose final reports are kept (within `retention`).
 const EXITED_HISTORY: usize = 4096;
+/// How long a segment may stay unpublished (magic 0) before it is refused.
+const UNINITIALISED_GRACE: Duration = Duration::from_secs(5);
 /// Refused segments remembered (one error log each).
 const REFUSED_HISTORY: usize = 256;
 
@@ -130,6 +154,8 @@ struct Tracked {
 
 struct State {
     config: AgentConfig,
+    /// Segments found before their header was published, and since when.
+    uninitialised: HashMap<(u32, u64), Instant>,
     /// Settled storm causes per process, for the monotonic metric.
     cause_counts: HashMap<u32, BTreeMap<String, u64>>,
     /// Final reports of exited processes, oldest first, kept for `retention`.
@@ -151,6 +177,15 @@ struct State {
     next_sched_sample_ns: u64,
     off_cpu: VecDeque<OffCpu>,
     probes_active: bool,
+    probes: Option<Probes>,
+    probes_note: String,
+    probe_events: Vec<ProbeEvent>,
+    probe_events_total: u64,
+    next_probe_drain_ns: u64,
+    /// Per producer thread: the CPU of its latest drop, and its migrations
+    /// (ns, from, to), bounded.
+    producer_cpus: HashMap<u32, u32>,
+    producer_migrations: HashMap<u32, VecDeque<(u64, u32, u32)>>,
 }
 
 /// The agent's scan engine (not yet running).
@@ -175,6 +210,7 @@ impl Agent {
         Self {
             state: State {
                 config,
+                uninitialised: HashMap::new(),
                 cause_counts: HashMap::new(),
                 exited: VecDeque::new(),
                 registrations: None,
@@ -194,13 +230,42 @@ impl Agent {
                 next_sched_sample_ns: 0,
                 off_cpu: VecDeque::new(),
                 probes_active: false,
+                probes: None,
+                probes_note: "off".into(),
+                probe_events: Vec::new(),
+                probe_events_total: 0,
+                next_probe_drain_ns: 0,
+                producer_cpus: HashMap::new(),
+                producer_migrations: HashMap::new(),
             },
         }
     }
 
     /// Starts the scan thread (and the registration listener, if
-    /// configured; failing to bind it is a warning, not an error).
+    /// configured; failing to bind it is a warning, not an error). Loads the
+    /// eBPF probes per [`AgentConfig::probes`]: with `On`, failing to load
+    /// them is an error.
     pub fn spawn(mut self) -> std::io::Result<AgentHandle> {
+        match self.state.config.probes {
+            ProbeMode::Off => self.state.probes_note = "off".into(),
+            mode => match Probes::load() {
+                Ok(probes) => {
+                    self.state.probes_note = probes.summary();
+                    tracing::info!(probes = %self.state.probes_note, "eBPF probes loaded");
+                    self.state.probes = Some(probes);
+                }
+                Err(error) if mode == ProbeMode::On => {
+                    return Err(std::io::Error::other(format!("--probes on: {error}")));
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        %error,
+                        "eBPF probes unavailable; storms get a lower-confidence cause from /proc"
+                    );
+                    self.state.probes_note = format!("unavailable: {error}");
+                }
+            },
+        }
         if let Some(path) = self.state.config.registration_socket.clone() {
             let (tx, rx) = std::sync::mpsc::channel();
             match Registration::start(&path, tx) {
@@ -237,6 +302,14 @@ impl Agent {
         {
             tracing::warn!(cpu, %error, "cannot pin the scan thread");
         }
+        let scanner_tid = self.state.scanner_tid;
+        if let Some(probes) = self.state.probes.as_mut() {
+            if let Err(error) = probes.attach_scanner(std::process::id(), scanner_tid) {
+                tracing::warn!(%error, "scan-hook uprobes not attached in the agent");
+            }
+            self.state.probes_active = probes.sched_active();
+            self.state.probes_note = probes.summary();
+        }
         let mut next_discovery = Instant::now();
         let mut next_publish = Instant::now();
         while !stop.load(Ordering::Acquire) {
@@ -248,6 +321,7 @@ impl Agent {
             self.state.take_registrations();
             self.state.scan_all();
             self.state.sample_scheduler();
+            self.state.drain_probe_events();
             if now >= next_publish {
                 self.state.refresh_causes();
                 *latest.lock() = Arc::new(self.state.snapshot());
@@ -257,6 +331,7 @@ impl Agent {
         }
         self.state.scan_all();
         self.state.release_all();
+        self.state.drain_probe_events();
         self.state.refresh_causes();
         let last = self.state.snapshot();
         *latest.lock() = Arc::new(last.clone());
@@ -308,8 +383,7 @@ impl State {
             }
             match discovery::validate_file(pid, &file) {
                 Ok(opened) => self.attach(candidate, opened),
-                Err(discovery::AttachError::Gone(_)) => {}
-                Err(error) => self.refuse(&candidate, error.to_string()),
+                Err(error) => self.not_attached(&candidate, error),
             }
         }
     }
@@ -331,10 +405,32 @@ impl State {
                 continue;
             }
             match discovery::open_segment(&candidate) {
-                Ok(opened) => self.attach(candidate, opened),
-                Err(discovery::AttachError::Gone(_)) => {}
-                Err(error) => self.refuse(&candidate, error.to_string()),
+                Ok(opened) => {
+                    self.uninitialised.remove(&(candidate.pid, candidate.inode));
+                    self.attach(candidate, opened);
+                }
+                Err(error) => self.not_attached(&candidate, error),
             }
+        }
+    }
+
+    /// Handles a failed attach: a vanished process is forgotten; a segment
+    /// whose magic is still 0 was found between `memfd_create` and the
+    /// header's publication and is retried, for a while; anything else is
+    /// refused (once).
+    fn not_attached(&mut self, candidate: &Candidate, error: discovery::AttachError) {
+        use subetha_core::segment::SegmentError;
+        match error {
+            discovery::AttachError::Gone(_) => {}
+            discovery::AttachError::Invalid(SegmentError::BadMagic(0)) => {
+                let key = (candidate.pid, candidate.inode);
+                let since = *self.uninitialised.entry(key).or_insert_with(Instant::now);
+                if since.elapsed() > UNINITIALISED_GRACE {
+                    self.uninitialised.remove(&key);
+                    self.refuse(candidate, format!("{error} for over {UNINITIALISED_GRACE:?}"));
+                }
+            }
+            error => self.refuse(candidate, error.to_string()),
         }
     }
 
@@ -375,6 +471,11 @@ impl State {
             storms_begun: 0,
         };
         tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
+        if let Some(probes) = self.probes.as_mut()
+            && let Err(error) = probes.attach_producer_process(tracked.pid)
+        {
+            tracing::warn!(pid = tracked.pid, %error, "drop-hook uprobes not attached");
+        }
         tracked.try_take_lease(self.config.takeover_timeout);
         self.tracked.push(tracked);
     }
@@ -444,6 +545,12 @@ impl State {
                 continue;
             }
             let tracked = self.tracked.swap_remove(index);
+            if let Some(probes) = self.probes.as_mut() {
+                probes.detach_process(tracked.pid);
+                for ring in tracked.drainer.rings() {
+                    probes.unwatch(ring.os_tid);
+                }
+            }
             let at = tracked.exited.map_or_else(Instant::now, |(_, at)| at);
             // Storms still open when the process died end with it.
             let exit_ns = tracked.exited.map_or_else(clock::monotonic_ns, |(ns, _)| ns);
@@ -475,6 +582,88 @@ impl State {
                 self.sched_samples.pop_front();
             }
             self.sched_samples.push_back(sample);
+        }
+    }
+
+    /// Reads the probes' events (on a timer: they are submitted without
+    /// wakeups) and keeps the producer thread watch list current.
+    fn drain_probe_events(&mut self) {
+        let now = clock::monotonic_ns();
+        if now < self.next_probe_drain_ns {
+            return;
+        }
+        self.next_probe_drain_ns = now + PROBE_DRAIN_NS;
+        let Some(probes) = self.probes.as_mut() else {
+            return;
+        };
+        // Watch every live producer thread of the attached processes.
+        let wanted: HashSet<u32> = self
+            .tracked
+            .iter()
+            .flat_map(|t| t.drainer.rings().iter())
+            .filter(|r| r.state == slot_state::ACTIVE && r.os_tid != 0)
+            .map(|r| r.os_tid)
+            .collect();
+        for (tid, role) in probes.watched() {
+            if role == Role::Producer && !wanted.contains(&tid) {
+                probes.unwatch(tid);
+            }
+        }
+        let watched: HashSet<u32> = probes.watched().into_iter().map(|(tid, _)| tid).collect();
+        for tid in wanted.difference(&watched) {
+            if let Err(error) = probes.watch(*tid, Role::Producer) {
+                tracing::debug!(tid, %error, "cannot watch producer thread");
+            }
+        }
+        let mut events = std::mem::take(&mut self.probe_events);
+        events.clear();
+        probes.drain_events(&mut events);
+        self.probes_active = probes.sched_active();
+        self.probe_events_total += events.len() as u64;
+        for event in &events {
+            match event {
+                ProbeEvent::OffCpu(interval) if interval.tid == self.scanner_tid => {
+                    self.record_off_cpu(OffCpu {
+                        tid: interval.tid,
+                        out_ns: interval.out_ts,
+                        in_ns: interval.in_ts,
+                        preempted: interval.preempted(),
+                        state: interval.out_state,
+                        wakeup_ns: (interval.wakeup_ts != 0).then_some(interval.wakeup_ts),
+                        cpu_out: interval.cpu_out,
+                        cpu_in: interval.cpu_in,
+                        holder_pid: interval.holder_pid,
+                        holder_comm: interval.holder_comm.clone(),
+                    });
+                }
+                ProbeEvent::DropBegin { tid, cpu, .. } => {
+                    self.producer_cpus.insert(*tid, *cpu);
+                }
+                ProbeEvent::Migrate {
+                    tid,
+                    orig_cpu,
+                    dest_cpu,
+                    ts_ns,
+                    ..
+                } if wanted.contains(tid) => {
+                    let list = self.producer_migrations.entry(*tid).or_default();
+                    if list.len() == MIGRATION_HISTORY {
+                        list.pop_front();
+                    }
+                    list.push_back((*ts_ns, *orig_cpu, *dest_cpu));
+                    self.producer_cpus.insert(*tid, *dest_cpu);
+                }
+                _ => {}
+            }
+        }
+        self.probe_events = events;
+        // Keep what gone threads did for a while (their storms are still
+        // being diagnosed); bound the maps.
+        if self.producer_cpus.len() > PRODUCER_HISTORY {
+            self.producer_cpus.retain(|tid, _| wanted.contains(tid));
+        }
+        if self.producer_migrations.len() > PRODUCER_HISTORY {
+            self.producer_migrations.retain(|tid, _| wanted.contains(tid));
         }
     }
 
@@ -519,8 +708,12 @@ impl State {
                 min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
                 ring_capacity: ObservationRing::CAPACITY as u64,
                 sched_samples: &samples,
-                producer_cpu: None,
-                producer_migrations: &[],
+                producer_cpu: self.producer_cpus.get(&storm.tid).copied(),
+                producer_migrations: &self
+                    .producer_migrations
+                    .get(&storm.tid)
+                    .map(|m| m.iter().copied().collect::<Vec<_>>())
+                    .unwrap_or_default(),
             };
             let verdict = cause::diagnose(storm, &facts);
             if settled {
@@ -666,7 +859,9 @@ impl State {
                 scan_interval_us: self.interval.as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
-                probes: "off".into(),
+                probes: self.probes_note.clone(),
+                probe_events: self.probe_events_total,
+                probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
             },
             processes: self
                 .tracked

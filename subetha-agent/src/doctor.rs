@@ -125,17 +125,40 @@ pub fn run() -> Vec<Check> {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
     checks.push(Check::new("perf_event_paranoid", true, paranoid, "ok"));
-    let probes_possible = bpf_ok && uprobes && tracefs.is_some();
-    checks.push(Check::new(
-        "probes",
-        probes_possible,
-        if probes_possible {
-            "eBPF probes can be loaded (storm causes from kernel events)"
-        } else {
-            "eBPF probes will be skipped; storms get a lower-confidence cause from /proc"
-        },
-        "warn",
-    ));
+    // The real test: load them, and report each program and attachment.
+    match crate::probes::Probes::load() {
+        Ok(mut probes) => {
+            // SAFETY: getpid/gettid cannot fail.
+            let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+            let scan_hooks = probes.attach_scanner(pid, tid);
+            for status in probes.status() {
+                checks.push(Check::new(
+                    &format!("probe {}", status.program),
+                    status.attached,
+                    match &status.error {
+                        None => format!("attached to {}", status.target),
+                        Some(error) => format!("{}: {error}", status.target),
+                    },
+                    "missing",
+                ));
+            }
+            checks.push(Check::new(
+                "probes",
+                scan_hooks.is_ok() && probes.sched_active(),
+                match scan_hooks {
+                    Ok(()) => format!("loaded: {}", probes.summary()),
+                    Err(error) => format!("loaded, but scan hooks failed here: {error}"),
+                },
+                "warn",
+            ));
+        }
+        Err(error) => checks.push(Check::new(
+            "probes",
+            false,
+            format!("{error}; storms get a lower-confidence cause from /proc"),
+            "warn",
+        )),
+    }
     checks
 }
 

@@ -21,7 +21,8 @@ pub mod export;
 pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod probes;
 pub mod registration;
 
-pub use agent::{Agent, AgentConfig, AgentHandle};
+pub use agent::{Agent, AgentConfig, AgentHandle, ProbeMode};
 pub use model::AgentSnapshot;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use subetha_agent::export::JsonlExporter;
-use subetha_agent::{Agent, AgentConfig, AgentSnapshot, client, doctor, http};
+use subetha_agent::{Agent, AgentConfig, AgentSnapshot, ProbeMode, client, doctor, http};
 
 #[derive(Parser)]
 #[command(
@@ -73,6 +73,17 @@ struct ScanArgs {
     /// Pin the scan thread to this CPU.
     #[arg(long)]
     scanner_cpu: Option<usize>,
+    /// eBPF probes: auto (load when privileges and kernel allow), on (fail
+    /// without them), off.
+    #[arg(long, value_enum, default_value_t = Probes::Auto)]
+    probes: Probes,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Probes {
+    Auto,
+    On,
+    Off,
 }
 
 impl ScanArgs {
@@ -90,6 +101,11 @@ impl ScanArgs {
             max_scan_interval: self.max_scan_interval,
             retention: self.retention,
             scanner_cpu: self.scanner_cpu,
+            probes: match self.probes {
+                Probes::Auto => ProbeMode::Auto,
+                Probes::On => ProbeMode::On,
+                Probes::Off => ProbeMode::Off,
+            },
             ..AgentConfig::default()
         })
     }

@@ -321,6 +321,18 @@ impl Collector for SnapshotCollector {
             "Scans of all attached segments completed.",
             [(vec![], agent.scans)],
         )?;
+        counter(
+            e,
+            "subetha_probe_events",
+            "Events read from the eBPF probes.",
+            [(vec![], agent.probe_events)],
+        )?;
+        counter(
+            e,
+            "subetha_probe_lost_events",
+            "Events the eBPF probes could not deliver (ring buffer full).",
+            [(vec![], agent.probe_losses)],
+        )?;
         gauge(
             e,
             "subetha_agent_scan_interval",
@@ -665,6 +677,8 @@ pub(crate) mod tests {
                 scan_duration_ns: q(1234, 20_000),
                 scan_gap_ns: q(1233, 500_000),
                 probes: "off".into(),
+                probe_events: 0,
+                probe_losses: 0,
             },
             processes: vec![ProcessReport {
                 pid: 4242,
@@ -814,6 +828,8 @@ pub(crate) mod tests {
             "# HELP subetha_agent_scans_total Scans of all attached segments completed.".to_string(),
             "# TYPE subetha_agent_scans_total counter".into(),
             "subetha_agent_scans_total 1234".into(),
+            "subetha_probe_events_total 0".into(),
+            "subetha_probe_lost_events_total 0".into(),
             "subetha_agent_info{version=\"0.1.0\"} 1".into(),
             "subetha_agent_scan_interval_seconds 0.0005".into(),
             "# TYPE subetha_processes gauge".into(),

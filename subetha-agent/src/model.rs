@@ -45,8 +45,12 @@ pub struct AgentInfo {
     pub scan_duration_ns: Quantiles,
     /// Gap between consecutive scans (end to next start) quantiles, ns.
     pub scan_gap_ns: Quantiles,
-    /// Whether eBPF probes are loaded (filled by the probes integration).
+    /// eBPF probes: `off`, `unavailable: <why>`, or what is attached.
     pub probes: String,
+    /// Events read from the probes.
+    pub probe_events: u64,
+    /// Events the probes could not deliver (ring buffer full).
+    pub probe_losses: u64,
 }
 
 /// p50/p90/p99/p99.9/max, in nanoseconds.
