@@ -1,3 +1,300 @@
-//! eBPF probes for subetha and the `no_std` event types they share with
-//! user space. Not built out yet (see the probes issue).
+//! eBPF probes for subetha and the `no_std` types they share with user space.
+//!
+//! The programs themselves live in the crate's binary target (`src/main.rs`,
+//! built for `bpfel-unknown-none` by the agent's build script through
+//! aya-build). This library holds what both sides must agree on, byte for
+//! byte: the map names, the event records the programs write into the
+//! [`EVENTS_MAP`] ring buffer, the scheduler tracepoint configuration user
+//! space writes into [`SCHED_CONFIG_MAP`], and the per-thread state kept in
+//! [`TASKS_MAP`].
+//!
+//! Every record is `#[repr(C)]`, 8-byte aligned and free of padding, so it
+//! can be copied in and out of maps and ring buffers as plain bytes. With the
+//! `user` feature the records derive `bytemuck::Pod` for user space.
+//!
+//! # Events
+//!
+//! Each event starts with an [`EventHeader`] whose `kind` is one of the
+//! [`kind`] constants:
+//!
+//! | kind | record | emitted by |
+//! | --- | --- | --- |
+//! | `DROP_BEGIN`, `DROP_END`, `SCAN_BEGIN`, `SCAN_END` | [`HookEvent`] | the four uprobes |
+//! | `OFF_CPU` | [`OffCpuEvent`] | `sched_switch`, when a watched thread gets back on a CPU |
+//! | `MIGRATE` | [`MigrateEvent`] | `sched_migrate_task`, for a watched thread |
+//!
+//! Timestamps are `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
 #![no_std]
+
+/// Name of the events ring buffer (`BPF_MAP_TYPE_RINGBUF`).
+pub const EVENTS_MAP: &str = "EVENTS";
+/// Size of the events ring buffer in bytes (a power-of-two number of pages).
+pub const EVENTS_BYTES: u32 = 1 << 20;
+/// Name of the per-hook hit counters (`PERCPU_ARRAY<u64>`, [`HOOK_COUNT`]
+/// entries indexed by [`hook`]).
+pub const HITS_MAP: &str = "HITS";
+/// Name of the per-process hit counters (`LRU_PERCPU_HASH<[u32; 2], u64>`,
+/// key `[tgid, hook]`).
+pub const HITS_BY_PID_MAP: &str = "HITS_BY_PID";
+/// Name of the per-thread hit counters (`LRU_PERCPU_HASH<[u32; 2], u64>`,
+/// key `[tid, hook]`).
+pub const HITS_BY_TID_MAP: &str = "HITS_BY_TID";
+/// Entries of each of the per-process and per-thread hit maps.
+pub const HITS_BY_TASK_ENTRIES: u32 = 4096;
+/// Name of the loss counter (`PERCPU_ARRAY<u64>`, one entry): events that
+/// could not be written to the ring buffer.
+pub const LOSSES_MAP: &str = "LOSSES";
+/// Name of the watched-thread map (`HASH<u32 tid, u32 role>`).
+pub const WATCHED_MAP: &str = "WATCHED";
+/// Entries of [`WATCHED_MAP`].
+pub const WATCHED_ENTRIES: u32 = 4096;
+/// Name of the per-thread scheduler state (`LRU_HASH<u32 tid, TaskState>`).
+pub const TASKS_MAP: &str = "TASKS";
+/// Entries of [`TASKS_MAP`].
+pub const TASKS_ENTRIES: u32 = 16384;
+/// Name of the tracepoint configuration (`ARRAY<SchedConfig>`, one entry).
+pub const SCHED_CONFIG_MAP: &str = "SCHED_CONFIG";
+
+/// The eBPF programs, by the name aya knows them (at most 15 bytes: the
+/// kernel keeps that much of a program name).
+pub mod program {
+    /// uprobe on `subetha_drop_begin`.
+    pub const DROP_BEGIN: &str = "up_drop_begin";
+    /// uprobe on `subetha_drop_end`.
+    pub const DROP_END: &str = "up_drop_end";
+    /// uprobe on `subetha_scan_begin`.
+    pub const SCAN_BEGIN: &str = "up_scan_begin";
+    /// uprobe on `subetha_scan_end`.
+    pub const SCAN_END: &str = "up_scan_end";
+    /// tracepoint `sched/sched_switch`.
+    pub const SCHED_SWITCH: &str = "tp_sched_switch";
+    /// tracepoint `sched/sched_wakeup`.
+    pub const SCHED_WAKEUP: &str = "tp_sched_wakeup";
+    /// tracepoint `sched/sched_wakeup_new`.
+    pub const SCHED_WAKEUP_NEW: &str = "tp_wakeup_new";
+    /// tracepoint `sched/sched_migrate_task`.
+    pub const SCHED_MIGRATE: &str = "tp_migrate_task";
+
+    /// The uprobes with the hook symbol each attaches to, in [`super::hook`]
+    /// order.
+    pub const UPROBES: [(&str, &str); 4] = [
+        (DROP_BEGIN, "subetha_drop_begin"),
+        (DROP_END, "subetha_drop_end"),
+        (SCAN_BEGIN, "subetha_scan_begin"),
+        (SCAN_END, "subetha_scan_end"),
+    ];
+
+    /// The tracepoints with their `(category, name)`.
+    pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
+        (SCHED_SWITCH, "sched", "sched_switch"),
+        (SCHED_WAKEUP, "sched", "sched_wakeup"),
+        (SCHED_WAKEUP_NEW, "sched", "sched_wakeup_new"),
+        (SCHED_MIGRATE, "sched", "sched_migrate_task"),
+    ];
+}
+
+/// Hook indices into [`HITS_MAP`] (and the second half of the hit keys).
+pub mod hook {
+    /// `subetha_drop_begin`.
+    pub const DROP_BEGIN: u32 = 0;
+    /// `subetha_drop_end`.
+    pub const DROP_END: u32 = 1;
+    /// `subetha_scan_begin`.
+    pub const SCAN_BEGIN: u32 = 2;
+    /// `subetha_scan_end`.
+    pub const SCAN_END: u32 = 3;
+}
+
+/// Number of hooks (entries of [`HITS_MAP`]).
+pub const HOOK_COUNT: u32 = 4;
+
+/// Event kinds ([`EventHeader::kind`]).
+pub mod kind {
+    /// [`HookEvent`](super::HookEvent): `args = [ring, instance_id, dropped_total]`.
+    pub const DROP_BEGIN: u32 = 1;
+    /// [`HookEvent`](super::HookEvent): `args = [ring, dropped_in_episode, 0]`.
+    pub const DROP_END: u32 = 2;
+    /// [`HookEvent`](super::HookEvent): `args = [segment, scan_seq, 0]`.
+    pub const SCAN_BEGIN: u32 = 3;
+    /// [`HookEvent`](super::HookEvent): `args = [segment, scan_seq, drained]`.
+    pub const SCAN_END: u32 = 4;
+    /// [`OffCpuEvent`](super::OffCpuEvent).
+    pub const OFF_CPU: u32 = 5;
+    /// [`MigrateEvent`](super::MigrateEvent).
+    pub const MIGRATE: u32 = 6;
+
+    /// The event kind a hook emits.
+    pub const fn of_hook(hook: u32) -> u32 {
+        hook + 1
+    }
+}
+
+/// Roles of watched threads (values of [`WATCHED_MAP`]).
+pub mod role {
+    /// A consumer's scan thread.
+    pub const SCANNER: u32 = 1;
+    /// An instrumented producer thread.
+    pub const PRODUCER: u32 = 2;
+}
+
+/// `flags` for `bpf_ringbuf_output`: do not wake a poller; user space drains
+/// the ring buffer on a timer.
+pub const BPF_RB_NO_WAKEUP: u64 = 1;
+
+/// Length of a kernel task name (`TASK_COMM_LEN`).
+pub const COMM_LEN: usize = 16;
+
+/// The common start of every event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct EventHeader {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// CPU the event was recorded on.
+    pub cpu: u32,
+    /// Process (tgid) of the thread the event is about (0 when unknown).
+    pub pid: u32,
+    /// Thread (kernel pid) the event is about.
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` when recorded.
+    pub ts_ns: u64,
+}
+
+/// A hook fired. `header.pid`/`tid` are the calling thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct HookEvent {
+    /// `kind` is `DROP_BEGIN`..=`SCAN_END`.
+    pub header: EventHeader,
+    /// The hook's arguments, in order, zero-extended to 64 bits; unused
+    /// trailing arguments are 0.
+    pub args: [u64; 3],
+}
+
+/// A watched thread got back on a CPU after being off it.
+///
+/// `header.ts_ns` is the switch-in time, `header.cpu` the CPU it got back
+/// on, `header.tid` the thread and `header.pid` its process (recorded at
+/// switch-out). Runqueue wait is `ts_ns - out_ts` when `out_state == 0`
+/// (preempted while runnable) and `ts_ns - wakeup_ts` otherwise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct OffCpuEvent {
+    /// `kind` is `OFF_CPU`.
+    pub header: EventHeader,
+    /// When it was switched out.
+    pub out_ts: u64,
+    /// When it was woken (0 if it never slept: preempted while runnable).
+    pub wakeup_ts: u64,
+    /// `prev_state` at switch-out masked to the task state bits: 0 when it
+    /// was still runnable (preempted or yielded), else the sleep state
+    /// (`1` S, `2` D, `0x80` I, ...).
+    pub out_state: u64,
+    /// CPU it was switched out of.
+    pub cpu_out: u32,
+    /// Its role ([`role`]).
+    pub role: u32,
+    /// The task that held the CPU right before it got back on (`prev` of
+    /// the switch-in).
+    pub holder_pid: u32,
+    /// The task that replaced it at switch-out (`next` of the switch-out).
+    pub replaced_by_pid: u32,
+    /// `holder_pid`'s task name, NUL-padded.
+    pub holder_comm: [u8; COMM_LEN],
+    /// `replaced_by_pid`'s task name, NUL-padded.
+    pub replaced_by_comm: [u8; COMM_LEN],
+}
+
+/// A watched thread was moved to another CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct MigrateEvent {
+    /// `kind` is `MIGRATE`; `header.tid` the migrated thread, `header.pid`
+    /// its process when known (0 otherwise), `header.cpu` where the
+    /// migration was decided.
+    pub header: EventHeader,
+    /// CPU it was on.
+    pub orig_cpu: u32,
+    /// CPU it goes to.
+    pub dest_cpu: u32,
+}
+
+/// Per-thread scheduler state of a watched thread that is off CPU (value of
+/// [`TASKS_MAP`]), recorded at switch-out and completed by a wakeup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct TaskState {
+    /// Switch-out time (0: not off CPU).
+    pub out_ts: u64,
+    /// Wakeup time (0: not woken yet / never slept).
+    pub wakeup_ts: u64,
+    /// Masked `prev_state` at switch-out.
+    pub out_state: u64,
+    /// Its process (tgid).
+    pub pid: u32,
+    /// CPU it left.
+    pub cpu_out: u32,
+    /// The task that replaced it.
+    pub replaced_by_pid: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// That task's name.
+    pub replaced_by_comm: [u8; COMM_LEN],
+}
+
+/// Where the tracepoint fields are, read by user space from
+/// `/sys/kernel/tracing/events/sched/<event>/format` (value of
+/// [`SCHED_CONFIG_MAP`]). Offsets are from the start of the tracepoint
+/// record; sizes are in bytes.
+///
+/// The programs do nothing until `enabled` is 1, so a missing or partial
+/// configuration never yields wrong events.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SchedConfig {
+    /// 1 when every offset below is valid.
+    pub enabled: u32,
+    /// `sched_switch`: `char prev_comm[16]`.
+    pub switch_prev_comm: u32,
+    /// `sched_switch`: `pid_t prev_pid`.
+    pub switch_prev_pid: u32,
+    /// `sched_switch`: `long prev_state`.
+    pub switch_prev_state: u32,
+    /// Size of `prev_state` (4 or 8).
+    pub switch_prev_state_size: u32,
+    /// `sched_switch`: `char next_comm[16]`.
+    pub switch_next_comm: u32,
+    /// `sched_switch`: `pid_t next_pid`.
+    pub switch_next_pid: u32,
+    /// `sched_wakeup` / `sched_wakeup_new`: `pid_t pid`.
+    pub wakeup_pid: u32,
+    /// `sched_wakeup_new`: `pid_t pid` (same layout as `sched_wakeup` on
+    /// every kernel so far, kept separate all the same).
+    pub wakeup_new_pid: u32,
+    /// `sched_migrate_task`: `pid_t pid`.
+    pub migrate_pid: u32,
+    /// `sched_migrate_task`: `int orig_cpu`.
+    pub migrate_orig_cpu: u32,
+    /// `sched_migrate_task`: `int dest_cpu`.
+    pub migrate_dest_cpu: u32,
+    /// Mask applied to `prev_state` to keep the task state bits (`0xff` on
+    /// kernels since 4.14: the preempted marker `TASK_REPORT_MAX`, `0x100`,
+    /// is dropped, so a preempted task reads as runnable, 0).
+    pub state_mask: u64,
+}
+
+const _: () = {
+    assert!(size_of::<EventHeader>() == 24);
+    assert!(size_of::<HookEvent>() == 48);
+    assert!(size_of::<OffCpuEvent>() == 96);
+    assert!(size_of::<MigrateEvent>() == 32);
+    assert!(size_of::<TaskState>() == 56);
+    assert!(size_of::<SchedConfig>() == 56);
+    assert!(align_of::<OffCpuEvent>() == 8);
+};

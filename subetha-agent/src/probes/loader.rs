@@ -1,0 +1,599 @@
+//! [`Probes`]: the loaded eBPF object, its attachments and its readers.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope};
+use aya::programs::{TracePoint, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use subetha_probes::{
+    EVENTS_MAP, HITS_BY_PID_MAP, HITS_BY_TID_MAP, HITS_MAP, HOOK_COUNT, LOSSES_MAP, SCHED_CONFIG_MAP,
+    SchedConfig, TASKS_MAP, TaskState, WATCHED_MAP, program,
+};
+
+use super::events::{ProbeEvent, decode_event};
+use super::target::{HookObject, find_hook_object};
+use super::{HookHits, ProbeStatus, ProbesError, Role, tracefs};
+
+/// At most this many records are decoded per [`Probes::drain_events`] call,
+/// so a flood cannot keep the caller in the loop forever.
+const MAX_EVENTS_PER_DRAIN: usize = 1 << 16;
+/// Error texts (verifier logs can be long) are cut to this many bytes.
+const MAX_ERROR_LEN: usize = 4096;
+
+/// The eBPF object, linked into this binary by the build script.
+fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/subetha-probes"))
+}
+
+/// A shared `#[repr(C)]` record as an aya map value.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct Plain<T>(T);
+
+// SAFETY: `T: bytemuck::Pod` is plain data without padding for which every
+// bit pattern is valid, and `repr(transparent)` gives `Plain<T>` exactly
+// its layout: what aya's `Pod` requires to copy it to and from map bytes.
+unsafe impl<T: bytemuck::Pod> aya::Pod for Plain<T> {}
+
+/// The uprobes of one process.
+struct ProcessProbes {
+    /// Where its hooks are (resolved on first use, retried while failing).
+    object: Result<HookObject, String>,
+    /// Per hook, in [`program::UPROBES`] order.
+    hooks: [HookAttach; 4],
+}
+
+#[derive(Default)]
+struct HookAttach {
+    /// Asked for (by `attach_scanner` or `attach_producer_process`).
+    wanted: bool,
+    link: Option<UProbeLinkId>,
+    error: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct Watched {
+    role: Role,
+    /// Its process, when `/proc` said.
+    pid: u32,
+}
+
+/// The loaded probes. Dropping it detaches and unloads everything.
+///
+/// Not shared between threads: the agent's scan thread owns it, attaches
+/// processes as it discovers them and drains events on its timer.
+pub struct Probes {
+    ebpf: Ebpf,
+    events: RingBuf<MapData>,
+    logger: Option<aya_log::EbpfLogger<TracingLog>>,
+    /// Load errors of the uprobe programs, by name.
+    uprobe_load_errors: HashMap<&'static str, String>,
+    tracepoints: Vec<ProbeStatus>,
+    processes: HashMap<u32, ProcessProbes>,
+    watched: HashMap<u32, Watched>,
+    undecodable: u64,
+}
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes")
+            .field("processes", &self.processes.keys().collect::<Vec<_>>())
+            .field("watched", &self.watched.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Probes {
+    /// Loads the object, loads every program, configures and attaches the
+    /// four sched tracepoints (mounting tracefs on `/sys/kernel/tracing`
+    /// first if it is not mounted anywhere). Tries to raise RLIMIT_MEMLOCK
+    /// and only warns when that is refused. Fails only when the object
+    /// itself cannot be loaded (no privileges, no BPF); a program or
+    /// tracepoint that fails is reported by [`status`](Self::status) and
+    /// the rest work.
+    pub fn load() -> Result<Probes, ProbesError> {
+        raise_memlock();
+        let mut ebpf = EbpfLoader::new()
+            .load(object())
+            .map_err(|e| ProbesError::Load(error_text(&e)))?;
+        let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
+            Ok(logger) => Some(logger),
+            Err(error) => {
+                tracing::warn!(error = %error_text(&error), "eBPF probe diagnostics unavailable");
+                None
+            }
+        };
+        let events = ebpf.take_map(EVENTS_MAP).ok_or(ProbesError::Map {
+            map: EVENTS_MAP,
+            error: "missing from the object".into(),
+        })?;
+        let events = RingBuf::try_from(events).map_err(|e| ProbesError::Map {
+            map: EVENTS_MAP,
+            error: error_text(&e),
+        })?;
+        let mut uprobe_load_errors = HashMap::new();
+        for (name, _) in program::UPROBES {
+            if let Err(error) = load_uprobe(&mut ebpf, name) {
+                tracing::warn!(program = name, %error, "eBPF uprobe program not loaded");
+                uprobe_load_errors.insert(name, error);
+            }
+        }
+        let mut probes = Probes {
+            ebpf,
+            events,
+            logger,
+            uprobe_load_errors,
+            tracepoints: Vec::new(),
+            processes: HashMap::new(),
+            watched: HashMap::new(),
+            undecodable: 0,
+        };
+        probes.start_sched();
+        Ok(probes)
+    }
+
+    /// Configures the sched programs from tracefs and attaches them, each
+    /// on its own.
+    fn start_sched(&mut self) {
+        let config = tracefs::tracefs_root()
+            .map_err(|e| e.to_string())
+            .and_then(|root| tracefs::sched_config(&root))
+            .and_then(|config| self.set_sched_config(config));
+        for (name, category, event) in program::TRACEPOINTS {
+            let result = config
+                .clone()
+                .map_err(|e| format!("tracepoint layout unknown: {e}"))
+                .and_then(|()| attach_tracepoint(&mut self.ebpf, name, category, event));
+            if let Err(error) = &result {
+                tracing::warn!(program = name, %error, "eBPF sched tracepoint not attached");
+            }
+            self.tracepoints.push(ProbeStatus {
+                program: name.to_string(),
+                target: format!("{category}/{event}"),
+                attached: result.is_ok(),
+                error: result.err(),
+            });
+        }
+    }
+
+    fn set_sched_config(&mut self, config: SchedConfig) -> Result<(), String> {
+        let map = self.ebpf.map_mut(SCHED_CONFIG_MAP).ok_or("config map missing")?;
+        let mut array = Array::<_, Plain<SchedConfig>>::try_from(map).map_err(|e| error_text(&e))?;
+        array.set(0, Plain(config), 0).map_err(|e| error_text(&e))
+    }
+
+    /// Attaches the scan-hook uprobes in process `pid` (the agent itself or
+    /// an application whose sidecar drains) and watches its scan thread
+    /// `tid` as a scanner. Idempotent; a failed attach is retried.
+    pub fn attach_scanner(&mut self, pid: u32, tid: u32) -> Result<(), ProbesError> {
+        let attached = self.attach_hooks(
+            pid,
+            &[subetha_probes::hook::SCAN_BEGIN, subetha_probes::hook::SCAN_END],
+        );
+        let watched = self.watch(tid, Role::Scanner);
+        attached.and(watched)
+    }
+
+    /// Attaches the drop-hook uprobes in producer process `pid`, scoped to
+    /// it. Idempotent; a failed attach is retried.
+    pub fn attach_producer_process(&mut self, pid: u32) -> Result<(), ProbesError> {
+        self.attach_hooks(
+            pid,
+            &[subetha_probes::hook::DROP_BEGIN, subetha_probes::hook::DROP_END],
+        )
+    }
+
+    fn attach_hooks(&mut self, pid: u32, hooks: &[u32]) -> Result<(), ProbesError> {
+        let Some(scope) = NonZeroU32::new(pid) else {
+            return Err(ProbesError::Target {
+                pid,
+                reason: "pid 0".into(),
+            });
+        };
+        let Self {
+            ebpf,
+            processes,
+            uprobe_load_errors,
+            ..
+        } = self;
+        let process = processes.entry(pid).or_insert_with(|| ProcessProbes {
+            object: Err(String::new()),
+            hooks: Default::default(),
+        });
+        if process.object.is_err() {
+            process.object = find_hook_object(pid);
+        }
+        for &hook in hooks {
+            process.hooks[hook as usize].wanted = true;
+        }
+        let object = match &process.object {
+            Ok(object) => object.clone(),
+            Err(reason) => {
+                for &hook in hooks {
+                    process.hooks[hook as usize].error = Some(reason.clone());
+                }
+                return Err(ProbesError::Target {
+                    pid,
+                    reason: reason.clone(),
+                });
+            }
+        };
+        let mut failures = Vec::new();
+        for &hook in hooks {
+            let state = &mut process.hooks[hook as usize];
+            if state.link.is_some() {
+                continue;
+            }
+            let (name, symbol) = program::UPROBES[hook as usize];
+            let result = match (uprobe_load_errors.get(name), object.offsets[hook as usize]) {
+                (Some(error), _) => Err(format!("program not loaded: {error}")),
+                (None, None) => Err(format!("{} does not define {symbol}", object.display)),
+                (None, Some(offset)) => uprobe(ebpf, name).and_then(|program| {
+                    program
+                        .attach(
+                            UProbeAttachLocation::AbsoluteOffset(offset),
+                            &object.path,
+                            UProbeScope::OneProcess(scope),
+                        )
+                        .map_err(|e| error_text(&e))
+                }),
+            };
+            match result {
+                Ok(link) => {
+                    state.link = Some(link);
+                    state.error = None;
+                }
+                Err(error) => {
+                    failures.push(format!("{name}: {error}"));
+                    state.error = Some(error);
+                }
+            }
+        }
+        if failures.is_empty() {
+            tracing::debug!(pid, object = %object.display, ?hooks, "subetha hook uprobes attached");
+            Ok(())
+        } else {
+            Err(ProbesError::Attach { pid, failures })
+        }
+    }
+
+    /// Detaches every uprobe of process `pid` and stops watching its
+    /// threads. Nothing happens for an unknown pid.
+    pub fn detach_process(&mut self, pid: u32) {
+        if let Some(process) = self.processes.remove(&pid) {
+            for (hook, state) in process.hooks.into_iter().enumerate() {
+                let Some(link) = state.link else {
+                    continue;
+                };
+                let name = program::UPROBES[hook].0;
+                if let Err(error) =
+                    uprobe(&mut self.ebpf, name).and_then(|p| p.detach(link).map_err(|e| error_text(&e)))
+                {
+                    tracing::debug!(pid, program = name, %error, "uprobe detach failed");
+                }
+            }
+        }
+        let threads: Vec<u32> = self
+            .watched
+            .iter()
+            .filter(|(_, watched)| watched.pid == pid)
+            .map(|(&tid, _)| tid)
+            .collect();
+        for tid in threads {
+            self.unwatch(tid);
+        }
+    }
+
+    /// Watches thread `tid` in the sched tracepoints. Forgets any state the
+    /// kernel kept for an earlier thread with that id.
+    pub fn watch(&mut self, tid: u32, role: Role) -> Result<(), ProbesError> {
+        if tid == 0 {
+            return Err(ProbesError::Target {
+                pid: 0,
+                reason: "tid 0 (the idle task) cannot be watched".into(),
+            });
+        }
+        self.forget_task_state(tid);
+        let map = self.ebpf.map_mut(WATCHED_MAP).ok_or(ProbesError::Map {
+            map: WATCHED_MAP,
+            error: "missing".into(),
+        })?;
+        let mut watched = BpfHashMap::<_, u32, u32>::try_from(map).map_err(|e| ProbesError::Map {
+            map: WATCHED_MAP,
+            error: error_text(&e),
+        })?;
+        watched
+            .insert(tid, role.code(), 0)
+            .map_err(|e| ProbesError::Map {
+                map: WATCHED_MAP,
+                error: error_text(&e),
+            })?;
+        let pid = tgid_of(tid).unwrap_or(0);
+        self.watched.insert(tid, Watched { role, pid });
+        Ok(())
+    }
+
+    /// Stops watching thread `tid` (nothing happens if it was not).
+    pub fn unwatch(&mut self, tid: u32) {
+        if let Some(map) = self.ebpf.map_mut(WATCHED_MAP)
+            && let Ok(mut watched) = BpfHashMap::<_, u32, u32>::try_from(map)
+        {
+            let _ = watched.remove(&tid);
+        }
+        self.forget_task_state(tid);
+        self.watched.remove(&tid);
+    }
+
+    fn forget_task_state(&mut self, tid: u32) {
+        if let Some(map) = self.ebpf.map_mut(TASKS_MAP)
+            && let Ok(mut tasks) = BpfHashMap::<_, u32, Plain<TaskState>>::try_from(map)
+        {
+            let _ = tasks.remove(&tid);
+        }
+    }
+
+    /// The watched threads and their roles.
+    pub fn watched(&self) -> Vec<(u32, Role)> {
+        let mut out: Vec<(u32, Role)> = self.watched.iter().map(|(&tid, w)| (tid, w.role)).collect();
+        out.sort_unstable_by_key(|&(tid, _)| tid);
+        out
+    }
+
+    /// Moves every event the programs wrote since the last call into `out`
+    /// (at most 65536 per call) without blocking, and returns how many.
+    /// Also forwards the programs' diagnostics to `tracing`.
+    pub fn drain_events(&mut self, out: &mut Vec<ProbeEvent>) -> usize {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+        let Self {
+            events,
+            watched,
+            undecodable,
+            ..
+        } = self;
+        let mut count = 0;
+        while count < MAX_EVENTS_PER_DRAIN {
+            let Some(item) = events.next() else {
+                break;
+            };
+            let Some(mut event) = decode_event(&item) else {
+                *undecodable += 1;
+                continue;
+            };
+            drop(item);
+            // The kernel does not always know the process of the thread an
+            // event is about; we know it for the threads we watch.
+            match &mut event {
+                ProbeEvent::Migrate { pid, tid, .. } if *pid == 0 => {
+                    *pid = watched.get(tid).map_or(0, |w| w.pid);
+                }
+                ProbeEvent::OffCpu(interval) if interval.pid == 0 => {
+                    interval.pid = watched.get(&interval.tid).map_or(0, |w| w.pid);
+                }
+                _ => {}
+            }
+            out.push(event);
+            count += 1;
+        }
+        count
+    }
+
+    /// Records the ring buffer held that were not events this agent knows
+    /// (a newer object), since load.
+    pub fn undecodable(&self) -> u64 {
+        self.undecodable
+    }
+
+    /// Hook hits since load, all attached processes together.
+    pub fn hook_hits(&self) -> HookHits {
+        let mut hits = HookHits::default();
+        let Some(map) = self.ebpf.map(HITS_MAP) else {
+            return hits;
+        };
+        let Ok(array) = PerCpuArray::<_, u64>::try_from(map) else {
+            return hits;
+        };
+        for hook in 0..HOOK_COUNT {
+            if let Ok(values) = array.get(&hook, 0) {
+                hits.add(hook, values.iter().sum());
+            }
+        }
+        hits
+    }
+
+    /// Hook hits since load in process `pid` (counters of processes not
+    /// hit recently may have been evicted: the map holds 4096 keys).
+    pub fn hook_hits_for_process(&self, pid: u32) -> HookHits {
+        self.keyed_hits(HITS_BY_PID_MAP, pid)
+    }
+
+    /// Hook hits since load by thread `tid` (same eviction caveat).
+    pub fn hook_hits_for_thread(&self, tid: u32) -> HookHits {
+        self.keyed_hits(HITS_BY_TID_MAP, tid)
+    }
+
+    fn keyed_hits(&self, map: &str, id: u32) -> HookHits {
+        let mut hits = HookHits::default();
+        let Some(map) = self.ebpf.map(map) else {
+            return hits;
+        };
+        let Ok(counters) = PerCpuHashMap::<_, [u32; 2], u64>::try_from(map) else {
+            return hits;
+        };
+        for hook in 0..HOOK_COUNT {
+            match counters.get(&[id, hook], 0) {
+                Ok(values) => hits.add(hook, values.iter().sum()),
+                Err(MapError::KeyNotFound) => {}
+                Err(error) => tracing::debug!(error = %error_text(&error), "reading hook hits failed"),
+            }
+        }
+        hits
+    }
+
+    /// Events the programs could not write because the ring buffer was
+    /// full, since load.
+    pub fn losses(&self) -> u64 {
+        self.ebpf
+            .map(LOSSES_MAP)
+            .and_then(|map| PerCpuArray::<_, u64>::try_from(map).ok())
+            .and_then(|array| array.get(&0, 0).ok())
+            .map_or(0, |values| values.iter().sum())
+    }
+
+    /// Every program load and attachment: the sched tracepoints, uprobe
+    /// programs that failed to load, and each asked-for uprobe of each
+    /// process.
+    pub fn status(&self) -> Vec<ProbeStatus> {
+        let mut out = self.tracepoints.clone();
+        for (name, _) in program::UPROBES {
+            if let Some(error) = self.uprobe_load_errors.get(name) {
+                out.push(ProbeStatus {
+                    program: name.to_string(),
+                    target: "(load)".into(),
+                    attached: false,
+                    error: Some(error.clone()),
+                });
+            }
+        }
+        let mut pids: Vec<&u32> = self.processes.keys().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let process = &self.processes[pid];
+            let target = match &process.object {
+                Ok(object) => format!("pid {pid}: {}", object.display),
+                Err(_) => format!("pid {pid}"),
+            };
+            for (hook, state) in process.hooks.iter().enumerate() {
+                if state.wanted {
+                    out.push(ProbeStatus {
+                        program: program::UPROBES[hook].0.to_string(),
+                        target: target.clone(),
+                        attached: state.link.is_some(),
+                        error: state.error.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether all four sched tracepoints are attached (off-CPU intervals
+    /// are then complete for watched threads).
+    pub fn sched_active(&self) -> bool {
+        self.tracepoints.len() == program::TRACEPOINTS.len() && self.tracepoints.iter().all(|s| s.attached)
+    }
+
+    /// One line for status displays, e.g. `on: 4/4 sched tracepoints,
+    /// uprobes in 2 processes, 3 watched threads, 0 lost events`.
+    pub fn summary(&self) -> String {
+        let attached = self.tracepoints.iter().filter(|s| s.attached).count();
+        let processes = self
+            .processes
+            .values()
+            .filter(|p| p.hooks.iter().any(|h| h.link.is_some()))
+            .count();
+        format!(
+            "on: {attached}/{} sched tracepoints, uprobes in {processes} processes, {} watched threads, {} lost events",
+            program::TRACEPOINTS.len(),
+            self.watched.len(),
+            self.losses()
+        )
+    }
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, String> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| error_text(&e))
+}
+
+fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), String> {
+    uprobe(ebpf, name)?.load().map_err(|e| error_text(&e))
+}
+
+fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<(), String> {
+    let program: &mut TracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| error_text(&e))?;
+    program.load().map_err(|e| error_text(&e))?;
+    program.attach(category, event).map_err(|e| error_text(&e))?;
+    Ok(())
+}
+
+/// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it.
+/// Where that is not allowed (EPERM here; memcg accounting makes it
+/// unnecessary since 5.11) this only warns.
+fn raise_memlock() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit only reads the struct, which lives for the call.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "could not raise RLIMIT_MEMLOCK; continuing (kernels since 5.11 account eBPF memory to the cgroup)"
+        );
+    }
+}
+
+/// The process (tgid) of thread `tid`, from `/proc/<tid>/status`.
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// An error with its sources, cut to a readable length.
+fn error_text(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    if text.len() > MAX_ERROR_LEN {
+        let mut cut = MAX_ERROR_LEN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(" …");
+    }
+    text
+}
+
+/// Forwards aya-log records from the programs to `tracing`.
+struct TracingLog;
+
+impl log::Log for TracingLog {
+    fn enabled(&self, _metadata: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let message = record.args();
+        match record.level() {
+            log::Level::Error => tracing::error!(target: "subetha_probes", "{message}"),
+            log::Level::Warn => tracing::warn!(target: "subetha_probes", "{message}"),
+            log::Level::Info => tracing::info!(target: "subetha_probes", "{message}"),
+            log::Level::Debug => tracing::debug!(target: "subetha_probes", "{message}"),
+            log::Level::Trace => tracing::trace!(target: "subetha_probes", "{message}"),
+        }
+    }
+
+    fn flush(&self) {}
+}

@@ -1,0 +1,181 @@
+//! The eBPF probes, from user space: loading, attaching, watching threads
+//! and reading what the programs report.
+//!
+//! The programs (crate `subetha-probes`, built by this crate's build script
+//! with aya-build) are:
+//!
+//! * uprobes on the four hook symbols of subetha-core — `subetha_drop_begin`
+//!   / `subetha_drop_end` in each producer process, `subetha_scan_begin` /
+//!   `subetha_scan_end` in whichever process drains (the agent itself or an
+//!   application's sidecar). Each is attached per process (`perf_event_open`
+//!   with that pid) to the object that defines the symbols: the executable,
+//!   or the shared object found through `/proc/<pid>/maps`. Every call emits
+//!   a [`ProbeEvent`] and counts a hit ([`HookHits`]);
+//! * classic tracepoints on `sched_switch`, `sched_wakeup`,
+//!   `sched_wakeup_new` and `sched_migrate_task`, filtered in the kernel by
+//!   a map of watched thread ids ([`Probes::watch`]), that report each
+//!   off-CPU interval of a watched thread with its reason
+//!   ([`OffCpuInterval`]) and each of its migrations.
+//!
+//! Events go through one ring buffer submitted without wakeups; the agent
+//! drains it on its own timer ([`Probes::drain_events`]). Events that did
+//! not fit are counted ([`Probes::losses`]).
+//!
+//! Probes are optional. Without the `probes` cargo feature (or when the
+//! build ran with `AYA_BUILD_SKIP=1`) [`Probes::load`] answers
+//! [`ProbesError::NotBuiltIn`]; on a host that does not allow eBPF it
+//! answers another error. Once loaded, every program and every attach
+//! succeeds or fails on its own: [`Probes::status`] says which.
+
+mod events;
+
+#[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
+mod loader;
+#[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
+mod target;
+#[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
+mod tracefs;
+
+#[cfg(not(all(feature = "probes", not(subetha_probes_skipped))))]
+mod stub;
+
+#[cfg(test)]
+mod tests;
+
+pub use events::{OffCpuInterval, ProbeEvent, decode_event};
+#[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
+pub use loader::Probes;
+#[cfg(not(all(feature = "probes", not(subetha_probes_skipped))))]
+pub use stub::Probes;
+
+/// Whether this build carries the eBPF object.
+pub const BUILT_IN: bool = cfg!(all(feature = "probes", not(subetha_probes_skipped)));
+
+/// What a watched thread is, for the sched tracepoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A consumer's scan thread.
+    Scanner,
+    /// An instrumented producer thread.
+    Producer,
+}
+
+impl Role {
+    /// The value stored in the kernel's watched-thread map.
+    pub const fn code(self) -> u32 {
+        match self {
+            Role::Scanner => subetha_probes::role::SCANNER,
+            Role::Producer => subetha_probes::role::PRODUCER,
+        }
+    }
+
+    /// The role of a kernel map value.
+    pub const fn from_code(code: u32) -> Option<Role> {
+        match code {
+            subetha_probes::role::SCANNER => Some(Role::Scanner),
+            subetha_probes::role::PRODUCER => Some(Role::Producer),
+            _ => None,
+        }
+    }
+
+    /// `scanner` / `producer`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Scanner => "scanner",
+            Role::Producer => "producer",
+        }
+    }
+}
+
+/// One program load or one attachment, and how it went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeStatus {
+    /// Program name (`tp_sched_switch`, `up_drop_begin`, ...).
+    pub program: String,
+    /// What it is attached to: `sched/sched_switch`, or `pid 123:
+    /// /proc/123/exe` for a uprobe.
+    pub target: String,
+    /// Whether it is attached now.
+    pub attached: bool,
+    /// Why not, when it is not.
+    pub error: Option<String>,
+}
+
+/// Hook hits, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookHits {
+    /// `subetha_drop_begin` calls.
+    pub drop_begin: u64,
+    /// `subetha_drop_end` calls.
+    pub drop_end: u64,
+    /// `subetha_scan_begin` calls.
+    pub scan_begin: u64,
+    /// `subetha_scan_end` calls.
+    pub scan_end: u64,
+}
+
+impl HookHits {
+    /// The counter of hook index `hook` ([`subetha_probes::hook`]).
+    pub fn get(&self, hook: u32) -> u64 {
+        match hook {
+            subetha_probes::hook::DROP_BEGIN => self.drop_begin,
+            subetha_probes::hook::DROP_END => self.drop_end,
+            subetha_probes::hook::SCAN_BEGIN => self.scan_begin,
+            subetha_probes::hook::SCAN_END => self.scan_end,
+            _ => 0,
+        }
+    }
+
+    fn get_mut(&mut self, hook: u32) -> Option<&mut u64> {
+        match hook {
+            subetha_probes::hook::DROP_BEGIN => Some(&mut self.drop_begin),
+            subetha_probes::hook::DROP_END => Some(&mut self.drop_end),
+            subetha_probes::hook::SCAN_BEGIN => Some(&mut self.scan_begin),
+            subetha_probes::hook::SCAN_END => Some(&mut self.scan_end),
+            _ => None,
+        }
+    }
+
+    /// Adds `count` to hook `hook`'s counter (unknown hooks are ignored).
+    pub fn add(&mut self, hook: u32, count: u64) {
+        if let Some(counter) = self.get_mut(hook) {
+            *counter = counter.saturating_add(count);
+        }
+    }
+}
+
+/// Why the probes could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbesError {
+    /// This build has no eBPF object.
+    #[error("probes not built in ({0})")]
+    NotBuiltIn(&'static str),
+    /// The object could not be loaded (no privileges, no BPF support, ...).
+    #[error("loading the eBPF probes failed: {0}")]
+    Load(String),
+    /// A map the programs need is missing or unusable.
+    #[error("eBPF map {map}: {error}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// What went wrong.
+        error: String,
+    },
+    /// The process has no object defining the hook symbols, or its
+    /// executable and mappings could not be read.
+    #[error("process {pid}: {reason}")]
+    Target {
+        /// Process id.
+        pid: u32,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Some uprobes could not be attached (the others were).
+    #[error("process {pid}: {}", .failures.join("; "))]
+    Attach {
+        /// Process id.
+        pid: u32,
+        /// One readable line per failed program.
+        failures: Vec<String>,
+    },
+}

@@ -1,0 +1,119 @@
+//! The maps shared with user space, and the small helpers around them.
+//!
+//! Counters are per-CPU and incremented with a plain load and store: bpfel
+//! has no 64-bit atomic read-modify-write, and a per-CPU slot has a single
+//! writer at a time (tracepoints run with preemption disabled; the uprobes
+//! fire at most once per drop episode or scan, so the theoretical race of two
+//! tasks hitting the same hook on one CPU within a few instructions is not a
+//! concern for exact counts in practice). User space sums over CPUs.
+
+use aya_ebpf::{
+    helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+};
+use subetha_probes::{
+    BPF_RB_NO_WAKEUP, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, SchedConfig, TASKS_ENTRIES, TaskState,
+    WATCHED_ENTRIES,
+};
+
+/// Every event, drained by user space on a timer (no wakeups).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Hits per hook, per CPU.
+#[map]
+pub static HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOOK_COUNT, 0);
+
+/// Hits per `[tgid, hook]`, per CPU.
+#[map]
+pub static HITS_BY_PID: LruPerCpuHashMap<[u32; 2], u64> =
+    LruPerCpuHashMap::with_max_entries(HITS_BY_TASK_ENTRIES, 0);
+
+/// Hits per `[tid, hook]`, per CPU.
+#[map]
+pub static HITS_BY_TID: LruPerCpuHashMap<[u32; 2], u64> =
+    LruPerCpuHashMap::with_max_entries(HITS_BY_TASK_ENTRIES, 0);
+
+/// Events that could not be written to [`EVENTS`] (full), per CPU.
+#[map]
+pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Watched threads: tid -> role. Kept current by user space.
+#[map]
+pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_ENTRIES, 0);
+
+/// Scheduler state of watched threads while they are off CPU.
+#[map]
+pub static TASKS: LruHashMap<u32, TaskState> = LruHashMap::with_max_entries(TASKS_ENTRIES, 0);
+
+/// Tracepoint field offsets, written by user space before attaching.
+#[map]
+pub static SCHED_CONFIG: Array<SchedConfig> = Array::with_max_entries(1, 0);
+
+/// CLOCK_MONOTONIC nanoseconds.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments, callable from every program type.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The CPU this program runs on.
+#[inline(always)]
+pub fn cpu() -> u32 {
+    // SAFETY: a helper without arguments, callable from every program type.
+    unsafe { bpf_get_smp_processor_id() }
+}
+
+/// Adds one to this CPU's slot `index` of a per-CPU array.
+#[inline(always)]
+pub fn bump(map: &PerCpuArray<u64>, index: u32) {
+    if let Some(slot) = map.get_ptr_mut(index) {
+        // SAFETY: the pointer is this CPU's value of an existing array slot,
+        // valid for the program's run; only this CPU writes it.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Adds one to this CPU's value for `key` of a per-CPU hash, creating it.
+#[inline(always)]
+pub fn bump_keyed(map: &LruPerCpuHashMap<[u32; 2], u64>, key: [u32; 2]) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: the pointer is this CPU's value of a live element, valid
+        // for the program's run; only this CPU writes it.
+        Some(slot) => unsafe { *slot += 1 },
+        // A new element gets 1 on this CPU and 0 on the others. When another
+        // CPU raced us creating it, BPF_ANY overwrites only our (zero) slot.
+        None => {
+            let _ = map.insert(key, 1u64, 0);
+        }
+    }
+}
+
+/// Counts one event that did not fit in the ring buffer.
+#[inline(always)]
+pub fn count_loss() {
+    bump(&LOSSES, 0);
+}
+
+/// Writes `event` to the ring buffer without waking a poller; counts a loss
+/// when it is full.
+#[inline(always)]
+pub fn emit<T>(event: &T) {
+    if EVENTS.output::<T>(event, BPF_RB_NO_WAKEUP).is_err() {
+        count_loss();
+    }
+}
+
+/// The role of a watched thread, or `None`.
+#[inline(always)]
+pub fn watched_role(tid: u32) -> Option<u32> {
+    if tid == 0 {
+        // The idle task is never watched (and has one "tid 0" per CPU).
+        return None;
+    }
+    let role = WATCHED.get_ptr(tid)?;
+    // SAFETY: a pointer to a live element's value, valid for the program's
+    // run; a u32 read cannot tear.
+    Some(unsafe { *role })
+}
