@@ -18,7 +18,7 @@
 //! [`diagnose`] is pure: it takes the facts and returns the verdict, so every
 //! rule is unit-tested.
 
-use crate::model::{Cause, StormReport};
+use crate::model::{Cause, Culprit, Interval, StormReport};
 
 /// A period the scanner thread spent off its CPU (from the sched probes).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -191,6 +191,15 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ),
             confidence: "high".into(),
             evidence,
+            interval: Some(Interval {
+                begin_mono_ns: longest.runnable_since(),
+                end_mono_ns: longest.in_ns,
+            }),
+            culprit: Some(Culprit {
+                pid: longest.holder_pid,
+                comm: longest.holder_comm.clone(),
+                cpu: longest.cpu_in,
+            }),
         };
     }
     if let Some(longest) = overlapping.iter().max_by_key(|o| o.asleep_ns())
@@ -213,6 +222,11 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ),
             confidence: "high".into(),
             evidence,
+            interval: Some(Interval {
+                begin_mono_ns: longest.out_ns,
+                end_mono_ns: longest.runnable_since(),
+            }),
+            culprit: None,
         };
     }
     let confidence = if facts.probes { "high" } else { "low" };
@@ -232,6 +246,8 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ),
             confidence: "low".into(),
             evidence,
+            interval: None,
+            culprit: None,
         };
     }
     let longest_scan = facts
@@ -258,6 +274,8 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ),
             confidence: confidence.into(),
             evidence,
+            interval: None,
+            culprit: None,
         };
     }
     // The scanner ran and paused as configured. Was the pause the problem,
@@ -278,6 +296,8 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ),
             confidence: confidence.into(),
             evidence,
+            interval: None,
+            culprit: None,
         };
     }
     evidence.push(format!("the scanner ran unhindered, scanning every {}", ms(gap)));
@@ -289,6 +309,8 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         ),
         confidence: confidence.into(),
         evidence,
+        interval: None,
+        culprit: None,
     }
 }
 
@@ -407,6 +429,9 @@ mod tests {
         assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
         assert!(cause.summary.contains("52.000 ms"), "{}", cause.summary);
         assert_eq!(cause.confidence, "high");
+        let interval = cause.interval.expect("interval");
+        assert_eq!((interval.begin_mono_ns, interval.end_mono_ns), (999 * MS, 1051 * MS));
+        assert_eq!(cause.culprit.map(|c| (c.pid, c.comm)), Some((4242, "hog".to_string())));
     }
 
     #[test]

@@ -348,6 +348,32 @@ pub struct Cause {
     pub confidence: String,
     /// Supporting facts, readable.
     pub evidence: Vec<String>,
+    /// The interval the verdict rests on (CLOCK_MONOTONIC ns): for a
+    /// preempted scanner the time it was runnable but off-CPU, for a blocked
+    /// one the time it slept.
+    pub interval: Option<Interval>,
+    /// The task that kept the scanner off its CPU, when known.
+    pub culprit: Option<Culprit>,
+}
+
+/// A span of CLOCK_MONOTONIC time.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Interval {
+    /// Start, ns.
+    pub begin_mono_ns: u64,
+    /// End, ns.
+    pub end_mono_ns: u64,
+}
+
+/// A task named in a cause.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Culprit {
+    /// Its pid as the kernel reports it (the thread id).
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// The CPU it held.
+    pub cpu: u32,
 }
 
 /// A segment that failed validation.
