@@ -197,8 +197,8 @@ pub struct OffCpuEvent {
     pub cpu_out: u32,
     /// Its role ([`role`]).
     pub role: u32,
-    /// The task that held the CPU right before it got back on (`prev` of
-    /// the switch-in).
+    /// The task that held the CPU longest while it was away (see
+    /// [`CpuRun`]); the `prev` of the switch-in when no stretch is known.
     pub holder_pid: u32,
     /// The task that replaced it at switch-out (`next` of the switch-out).
     pub replaced_by_pid: u32,
@@ -245,6 +245,29 @@ pub struct TaskState {
     pub _reserved: u32,
     /// That task's name.
     pub replaced_by_comm: [u8; COMM_LEN],
+}
+
+/// What one CPU has been running (value of the per-CPU `CPU_RUN` map): when
+/// the current task got the CPU, and the longest stretch any task held it
+/// since a watched thread last left this CPU. At a watched thread's
+/// switch-in that stretch names who kept it off the CPU, which the `prev` of
+/// the switch (whoever ran last, often a short kworker) does not.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CpuRun {
+    /// When the current task was switched in.
+    pub since_ns: u64,
+    /// Start of the longest stretch since the reset.
+    pub longest_begin_ns: u64,
+    /// Its end.
+    pub longest_end_ns: u64,
+    /// The task that ran it.
+    pub longest_pid: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Its name.
+    pub longest_comm: [u8; COMM_LEN],
 }
 
 /// Where the tracepoint fields are, read by user space from
@@ -295,6 +318,7 @@ const _: () = {
     assert!(size_of::<OffCpuEvent>() == 96);
     assert!(size_of::<MigrateEvent>() == 32);
     assert!(size_of::<TaskState>() == 56);
+    assert!(size_of::<CpuRun>() == 48);
     assert!(size_of::<SchedConfig>() == 56);
     assert!(align_of::<OffCpuEvent>() == 8);
 };

@@ -13,8 +13,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use subetha_probes::{
-    BPF_RB_NO_WAKEUP, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, SchedConfig, TASKS_ENTRIES, TaskState,
-    WATCHED_ENTRIES,
+    BPF_RB_NO_WAKEUP, CpuRun, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, SchedConfig, TASKS_ENTRIES,
+    TaskState, WATCHED_ENTRIES,
 };
 
 /// Every event, drained by user space on a timer (no wakeups).
@@ -46,6 +46,11 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_ENTRIE
 /// Scheduler state of watched threads while they are off CPU.
 #[map]
 pub static TASKS: LruHashMap<u32, TaskState> = LruHashMap::with_max_entries(TASKS_ENTRIES, 0);
+
+/// Per CPU: who runs since when, and the longest stretch since a watched
+/// thread last left the CPU.
+#[map]
+pub static CPU_RUN: PerCpuArray<CpuRun> = PerCpuArray::with_max_entries(1, 0);
 
 /// Tracepoint field offsets, written by user space before attaching.
 #[map]

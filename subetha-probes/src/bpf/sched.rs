@@ -8,8 +8,14 @@
 //!    preempted) and the `next` task that replaced it;
 //! 2. `sched_wakeup` of the thread, if it went to sleep, records the wakeup;
 //! 3. `sched_switch` with the thread as `next` (switch-in) emits one
-//!    [`OffCpuEvent`] with all of the above plus the `prev` task that held
-//!    the CPU right before, and clears the state.
+//!    [`OffCpuEvent`] with all of the above plus the task that held the CPU
+//!    longest while it was away (from [`CpuRun`], see below; the `prev` of
+//!    the switch when no longer stretch is known), and clears the state.
+//!
+//! Every `sched_switch` also updates this CPU's [`CpuRun`]: the stretch the
+//! outgoing task ran is compared with the longest one recorded since a
+//! watched thread last left the CPU (a few loads and stores; the outgoing
+//! task's name is read only when its stretch becomes the longest).
 //!
 //! Field offsets come from [`SchedConfig`] (user space reads them from
 //! tracefs), and the record is read with `bpf_probe_read_kernel`, so nothing
@@ -21,7 +27,7 @@ use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::
 use aya_log_ebpf::error;
 use subetha_probes::{COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, SchedConfig, TaskState, kind};
 
-use super::maps::{SCHED_CONFIG, TASKS, cpu, emit, now_ns, watched_role};
+use super::maps::{CPU_RUN, SCHED_CONFIG, TASKS, cpu, emit, now_ns, watched_role};
 
 /// `sched/sched_switch`.
 #[tracepoint(category = "sched", name = "sched_switch")]
@@ -35,11 +41,45 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     ) else {
         return 0;
     };
+    let now = now_ns();
+    let run = CPU_RUN.get_ptr_mut(0);
+    if let Some(run) = run {
+        // SAFETY: this CPU's value of the single-slot per-CPU array, valid
+        // for the program's run; only this CPU writes it, with preemption
+        // disabled in the tracepoint.
+        unsafe {
+            let ran = now.saturating_sub((*run).since_ns);
+            let longest = (*run).longest_end_ns.saturating_sub((*run).longest_begin_ns);
+            if (*run).since_ns != 0 && prev != 0 && ran > longest {
+                (*run).longest_begin_ns = (*run).since_ns;
+                (*run).longest_end_ns = now;
+                (*run).longest_pid = prev;
+                (*run).longest_comm = read_comm(&ctx, config.switch_prev_comm);
+            }
+            (*run).since_ns = now;
+        }
+    }
     if watched_role(prev).is_some() {
         switched_out(&ctx, config, prev, next);
+        if let Some(run) = run {
+            // SAFETY: as above. Start a new window: who holds the CPU from
+            // now on is what this thread will want to know.
+            unsafe {
+                (*run).longest_begin_ns = 0;
+                (*run).longest_end_ns = 0;
+                (*run).longest_pid = 0;
+            }
+        }
     }
     if let Some(role) = watched_role(next) {
-        switched_in(&ctx, config, next, role, prev);
+        let holder = run.and_then(|run| {
+            // SAFETY: as above.
+            let run = unsafe { *run };
+            // Never name the thread itself (its own stretch before it left
+            // this CPU, if its departure was not seen here).
+            (run.longest_pid != 0 && run.longest_pid != next).then_some((run.longest_pid, run.longest_comm))
+        });
+        switched_in(&ctx, config, next, role, prev, holder);
     }
     0
 }
@@ -157,7 +197,14 @@ fn switched_out(ctx: &TracePointContext, config: &SchedConfig, prev: u32, next: 
 
 /// A watched `next` gets the CPU back: one event for the whole interval.
 #[inline(always)]
-fn switched_in(ctx: &TracePointContext, config: &SchedConfig, next: u32, role: u32, prev: u32) {
+fn switched_in(
+    ctx: &TracePointContext,
+    config: &SchedConfig,
+    next: u32,
+    role: u32,
+    prev: u32,
+    longest: Option<(u32, [u8; COMM_LEN])>,
+) {
     let Some(state) = TASKS.get_ptr_mut(next) else {
         // Not seen leaving the CPU since it was watched.
         return;
@@ -181,6 +228,13 @@ fn switched_in(ctx: &TracePointContext, config: &SchedConfig, next: u32, role: u
     if out_ts == 0 {
         return;
     }
+    // The longest stretch since a watched thread left this CPU; if this
+    // thread left another CPU (migrated), the window may be shorter than its
+    // absence, but the stretch still fell while it was away.
+    let (holder_pid, holder_comm) = match longest {
+        Some(holder) => holder,
+        None => (prev, read_comm(ctx, config.switch_prev_comm)),
+    };
     let event = OffCpuEvent {
         header: EventHeader {
             kind: kind::OFF_CPU,
@@ -194,9 +248,9 @@ fn switched_in(ctx: &TracePointContext, config: &SchedConfig, next: u32, role: u
         out_state,
         cpu_out,
         role,
-        holder_pid: prev,
+        holder_pid,
         replaced_by_pid,
-        holder_comm: read_comm(ctx, config.switch_prev_comm),
+        holder_comm,
         replaced_by_comm,
     };
     emit(&event);
