@@ -8,7 +8,9 @@
 //! lasted longer than the ring takes to fill (**scanner too slow**), its
 //! pause between scans is longer than the ring takes to fill at this push
 //! rate (**scan interval too long**), or it scanned back to back and the
-//! producer still outran it (**producer burst**).
+//! producer still outran it (**producer burst**). A gap far beyond the
+//! scanner's planned pause that nothing observed explains is reported as
+//! **scanner stalled**, with low confidence.
 //!
 //! With the eBPF probes the scanner's off-CPU intervals come from
 //! `sched_switch`/`sched_wakeup` (who held the CPU, in which state it
@@ -165,8 +167,11 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         .iter()
         .filter(|o| o.in_ns >= window.0 && o.out_ns <= window.1)
         .collect();
+    // The scanner's absence explains the storm if it covers most of the
+    // longest gap, or most of the storm itself.
+    let explains = |ns: u64| ns as f64 >= EXPLAINS * gap.min((end - begin).max(1)) as f64;
     if let Some(longest) = overlapping.iter().max_by_key(|o| o.runnable_wait_ns())
-        && longest.runnable_wait_ns() as f64 >= EXPLAINS * gap as f64
+        && explains(longest.runnable_wait_ns())
     {
         evidence.push(format!(
             "scanner {} off-CPU {}–{} ({}), runnable for {}",
@@ -204,7 +209,7 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
     if let Some(longest) = overlapping.iter().max_by_key(|o| o.asleep_ns())
         && longest.asleep_ns() > facts.max_interval_ns.saturating_mul(2)
-        && longest.asleep_ns() as f64 >= EXPLAINS * gap as f64
+        && explains(longest.asleep_ns())
     {
         evidence.push(format!(
             "scanner {} asleep for {} (state {:#x}), its pause between scans is at most {}",
@@ -281,6 +286,31 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     // The scanner ran and paused as configured. Was the pause the problem,
     // or would even back-to-back scans have lost?
     let near_min = gap <= facts.min_interval_ns.saturating_mul(3).max(200_000);
+    // A gap far beyond the scanner's longest pause, with nothing seen
+    // keeping it off its CPU: it stalled for a reason not observed (e.g.
+    // without probes, or inside the agent's own work).
+    if gap > facts.max_interval_ns.saturating_mul(3).max(1_000_000) {
+        evidence.push(format!(
+            "the scanner paused {} between scans, its longest planned pause is {}",
+            ms(gap),
+            ms(facts.max_interval_ns)
+        ));
+        return Cause {
+            kind: "scanner_stalled".into(),
+            summary: format!(
+                "the scanner did not scan for {} (its pause is at most {}) and the ring filled",
+                ms(gap),
+                ms(facts.max_interval_ns)
+            ),
+            confidence: "low".into(),
+            evidence,
+            interval: storm.scan_gaps.first().map(|g| Interval {
+                begin_mono_ns: g.begin_mono_ns,
+                end_mono_ns: g.end_mono_ns,
+            }),
+            culprit: None,
+        };
+    }
     if !near_min && fill_ns.is_some_and(|fill| gap > fill) {
         evidence.push(format!(
             "the scanner paused {} between scans; the ring fills in {}",
@@ -470,6 +500,16 @@ mod tests {
         f.max_interval_ns = 10 * MS;
         let cause = diagnose(&s, &f);
         assert_eq!(cause.kind, "scan_interval_too_long");
+    }
+
+    #[test]
+    fn unexplained_long_gap_is_a_stall() {
+        let s = storm(1000 * MS, 1100 * MS, 40_000, (990 * MS, 1100 * MS));
+        let mut f = facts(&[], &[(980 * MS, 990 * MS), (1100 * MS, 1101 * MS)]);
+        f.max_interval_ns = 10 * MS;
+        let cause = diagnose(&s, &f);
+        assert_eq!((cause.kind.as_str(), cause.confidence.as_str()), ("scanner_stalled", "low"));
+        assert_eq!(cause.interval.map(|i| i.end_mono_ns - i.begin_mono_ns), Some(110 * MS));
     }
 
     #[test]

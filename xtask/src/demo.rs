@@ -59,6 +59,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let bin = workspace_root().join("target/release");
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr = format!("127.0.0.1:{port}");
+    // As root on a multi-CPU host, also stage a preemption: a SCHED_FIFO
+    // busy loop on the scanner's CPU, so one storm's cause is the kernel
+    // scheduling something else instead of the scanner.
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let stage_hog = root && std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
     let log_path = workspace_root().join("target/subetha-demo-agent.log");
     let log = std::fs::File::create(&log_path).context("creating the agent log")?;
     eprintln!(
@@ -68,6 +74,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let agent = Guard(
         Command::new(bin.join("subetha-agent"))
             .args(["run", "--listen", &addr, "--discovery-interval", "200ms"])
+            .args(stage_hog.then_some(["--scanner-cpu", "1"]).into_iter().flatten())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -90,6 +97,17 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     );
     let demo_pid = demo.0.id();
     let started = Instant::now();
+    let hog = stage_hog.then(|| {
+        std::thread::Builder::new()
+            .name("demo-hog".into())
+            .spawn(|| {
+                std::thread::sleep(Duration::from_millis(2500));
+                hog_cpu(1, Duration::from_millis(150))
+            })
+    });
+    if stage_hog {
+        eprintln!("demo: at +2.5 s a SCHED_FIFO thread `demo-hog` will hold the scanner's CPU 1 for 150 ms");
+    }
     let mut demo = demo;
     loop {
         std::thread::sleep(Duration::from_secs(2));
@@ -120,8 +138,35 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let json = Command::new(bin.join("subetha-agent"))
         .args(["status", "--json", "--addr", &addr])
         .output()?;
+    if let Some(Ok(hog)) = hog
+        && let Ok(Err(error)) = hog.join()
+    {
+        eprintln!("demo: the staged preemption did not run: {error:#}");
+    }
     check_conservation(&String::from_utf8_lossy(&json.stdout), &truth, demo_pid)?;
     stop_agent(agent)?;
+    Ok(())
+}
+
+/// Busy-loops for `window` as a SCHED_FIFO thread pinned to `cpu`.
+fn hog_cpu(cpu: usize, window: Duration) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, CPU_SET stays in bounds
+    // (cpu < CPU_SETSIZE), and both calls affect only the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("pinning the hog: {}", std::io::Error::last_os_error());
+        }
+        let param = libc::sched_param { sched_priority: 50 };
+        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) != 0 {
+            bail!("SCHED_FIFO for the hog: {}", std::io::Error::last_os_error());
+        }
+    }
+    let start = Instant::now();
+    while start.elapsed() < window {
+        std::hint::spin_loop();
+    }
     Ok(())
 }
 
