@@ -1,0 +1,786 @@
+//! Staged drop storms and the causes the agent gives them, with the eBPF
+//! probes and without.
+//!
+//! A producer (`subetha-flood`, pinned to CPU 0, `SUBETHA_SIDECAR=off` so
+//! only the agent drains) pushes into one ring while the agent's scan thread
+//! is pinned to CPU 1 and scans every 100 µs. At 2 M observations a second
+//! the 4096-slot ring takes ~2 ms to fill, so an unhindered scanner loses
+//! nothing; then
+//!
+//! * **preemption**: a `SCHED_FIFO` busy loop named `subetha-hog` takes CPU
+//!   1 for 50 ms. With the probes the storm's cause is `scanner_preempted`
+//!   with `high` confidence, naming the hog's comm and thread id as the
+//!   culprit on CPU 1, its interval covering ≥ 80% of the hog's window
+//!   (measured by the hog itself with CLOCK_MONOTONIC, the clock the
+//!   probes use). Without probes it is still `scanner_preempted`, inferred
+//!   from the scanner's `/proc` schedstat with `low` confidence;
+//! * **burst**: the producer pushes 200,000 observations back to back while
+//!   nothing hinders the scanner: `producer_burst`, with probes (`high`)
+//!   and without (`low`).
+//!
+//! Every test checks the books against the producer's own ground truth:
+//! `drained + dropped + lost_no_ring == attempted`, each term exact.
+//!
+//! The probe tests need root and the probes; they are never skipped when
+//! the test runs as root or `SUBETHA_REQUIRE_PROBES=1` (CI): a probe that
+//! does not load fails the test. Only an unprivileged run without that
+//! variable skips them, with a message.
+//!
+//! Where the agent runs: in this process through the library
+//! ([`subetha_agent::Agent`]) — except for the probe tests when this test
+//! package was built without the agent's `probes` feature (it depends on
+//! `subetha-agent` with `default-features = false`, so `cargo test -p
+//! subetha-tests` alone builds it without; `cargo test --workspace`
+//! unifies the feature in). Then the real `subetha-agent` binary, built
+//! with its default features, runs the same configuration (`run --pid
+//! <flood> --scanner-cpu 1 ...`) and the test reads its snapshots over
+//! HTTP. `SUBETHA_PROBES_TEST_AGENT=library|binary` forces one.
+//!
+//! The tests run one at a time (they share CPU 1); the test thread keeps off
+//! CPU 1 while the hog runs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+
+use subetha_agent::model::{Cause, StormReport};
+use subetha_agent::{AgentConfig, AgentHandle, AgentSnapshot, ProbeMode};
+use subetha_core::clock::monotonic_ns;
+use subetha_tests::agent::{AgentProcess, ScratchDir, Truth, agent_exe, assert_conserved, process, storms_of};
+use subetha_tests::{TIMEOUT, gettid, getuid};
+
+const FLOOD: &str = env!("CARGO_BIN_EXE_subetha-flood");
+/// The producer's CPU and the scanner's (and the hog's).
+const PRODUCER_CPU: usize = 0;
+const SCANNER_CPU: usize = 1;
+/// How long the hog holds the scanner's CPU.
+const HOG_WINDOW_NS: u64 = 50_000_000;
+/// The steady producer rate: a 4096-slot ring fills in ~2 ms.
+const RATE: &str = "2000000";
+/// A storm's cause settles 2 s after it ends; this leaves room for a slow
+/// machine.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+const MS: f64 = 1e6;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn probes_required() -> bool {
+    getuid() == 0 || std::env::var("SUBETHA_REQUIRE_PROBES").is_ok_and(|v| v == "1")
+}
+
+/// Whether a probe test may run here; `false` (with a message) only for an
+/// unprivileged run that does not require the probes.
+fn probes_possible(test: &str) -> bool {
+    if probes_required() {
+        return true;
+    }
+    eprintln!(
+        "skipping {test}: not root, and SUBETHA_REQUIRE_PROBES is not 1 (the eBPF probes need root here)"
+    );
+    false
+}
+
+/// The staged tests need CPUs 0 and 1.
+fn require_two_cpus(test: &str) {
+    let cpus = allowed_cpus();
+    assert!(
+        cpus.contains(&PRODUCER_CPU) && cpus.contains(&SCANNER_CPU),
+        "{test} needs CPUs {PRODUCER_CPU} and {SCANNER_CPU}; this process may use {cpus:?}"
+    );
+}
+
+// ---------------------------------------------------------------- the flood
+
+/// A running `subetha-flood`.
+struct Flood {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+/// The flood's JSON ground truth.
+#[derive(Clone, Copy, Debug)]
+struct FloodTruth {
+    tid: u32,
+    attempted: u64,
+    queued: u64,
+    dropped: u64,
+    lost: u64,
+    begin_mono_ns: u64,
+    end_mono_ns: u64,
+    achieved_rate: f64,
+}
+
+impl FloodTruth {
+    fn truth(&self) -> Truth {
+        Truth {
+            attempted: self.attempted,
+            queued: self.queued,
+            dropped: self.dropped,
+            lost: self.lost,
+            threads: 1,
+            bursts: 0,
+        }
+    }
+}
+
+impl Flood {
+    /// Starts `subetha-flood <args>` (sidecar off, no agent socket) and
+    /// waits for `ready`.
+    fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(FLOOD)
+            .args(args)
+            .env("SUBETHA_SIDECAR", "off")
+            .env("SUBETHA_AGENT_SOCKET", "/nonexistent/subetha-test.sock")
+            .env_remove("SUBETHA_RING_SLOTS")
+            .env_remove("SUBETHA_INSTANCES")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {FLOOD}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut flood = Self {
+            child,
+            stdin,
+            stdout,
+            pid: 0,
+        };
+        let ready = flood.line("ready");
+        flood.pid = ready
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("flood said {ready:?}"));
+        assert_eq!(flood.pid, flood.child.id());
+        flood
+    }
+
+    fn line(&mut self, waiting_for: &str) -> String {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("read from the flood");
+        assert!(
+            n > 0,
+            "the flood exited while we waited for {waiting_for:?}: {:?}",
+            self.child.try_wait()
+        );
+        line.trim_end().to_owned()
+    }
+
+    /// Starts the flood; returns when it began (CLOCK_MONOTONIC ns).
+    fn go(&mut self) -> u64 {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "go").and_then(|()| stdin.flush()).expect("send go");
+        let line = self.line("flooding");
+        line.strip_prefix("flooding ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("flood said {line:?}"))
+    }
+
+    /// Waits for the ground truth line and a clean exit.
+    fn finish(&mut self) -> FloodTruth {
+        let line = self.line("the ground truth");
+        let json: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("flood truth {line:?}: {e}"));
+        let n = |key: &str| {
+            json[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        };
+        let truth = FloodTruth {
+            tid: n("tid") as u32,
+            attempted: n("attempted"),
+            queued: n("queued"),
+            dropped: n("dropped"),
+            lost: n("lost"),
+            begin_mono_ns: n("begin_mono_ns"),
+            end_mono_ns: n("end_mono_ns"),
+            achieved_rate: json["achieved_rate"].as_f64().unwrap_or(0.0),
+        };
+        assert_eq!(n("pid") as u32, self.pid);
+        assert_eq!(
+            truth.attempted,
+            truth.queued + truth.dropped + truth.lost,
+            "the flood's own books: {line}"
+        );
+        let deadline = Instant::now() + TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the flood did not exit");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        assert!(status.success(), "the flood exited with {status}");
+        truth
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the agent
+
+/// The agent under test: the library on a thread of this process, or the
+/// real binary (see the module docs for when).
+enum AgentUnderTest {
+    Library(AgentHandle),
+    Binary(AgentProcess, ScratchDir),
+}
+
+impl AgentUnderTest {
+    /// An agent draining only `pid`, its scanner pinned to CPU 1 and
+    /// scanning every 100 µs.
+    fn start(test: &str, pid: u32, probes: ProbeMode) -> Self {
+        let binary = match std::env::var("SUBETHA_PROBES_TEST_AGENT").as_deref() {
+            Ok("binary") => true,
+            Ok("library") => false,
+            _ => probes == ProbeMode::On && !subetha_agent::probes::BUILT_IN,
+        };
+        if binary {
+            eprintln!(
+                "{test}: running the subetha-agent binary (library probes built in: {})",
+                subetha_agent::probes::BUILT_IN
+            );
+            Self::start_binary(test, pid, probes)
+        } else {
+            let config = AgentConfig {
+                pids: Some(vec![pid]),
+                discovery_interval: Duration::from_millis(50),
+                min_scan_interval: Duration::from_micros(100),
+                max_scan_interval: Duration::from_micros(100),
+                publish_interval: Duration::from_millis(20),
+                scanner_cpu: Some(SCANNER_CPU),
+                probes,
+                ..AgentConfig::default()
+            };
+            match subetha_agent::Agent::new(config).spawn() {
+                Ok(handle) => Self::Library(handle),
+                Err(error) => panic!("{test}: the agent did not start with probes {probes:?}: {error}"),
+            }
+        }
+    }
+
+    fn start_binary(test: &str, pid: u32, probes: ProbeMode) -> Self {
+        let scratch = ScratchDir::new(test);
+        let pid = pid.to_string();
+        let cpu = SCANNER_CPU.to_string();
+        let mode = match probes {
+            ProbeMode::On => "on",
+            ProbeMode::Off => "off",
+            ProbeMode::Auto => "auto",
+        };
+        let args = [
+            "--pid",
+            pid.as_str(),
+            "--no-socket",
+            "--discovery-interval",
+            "50ms",
+            "--min-scan-interval",
+            "100us",
+            "--max-scan-interval",
+            "100us",
+            "--scanner-cpu",
+            cpu.as_str(),
+            "--probes",
+            mode,
+        ];
+        let mut agent = AgentProcess::start(agent_exe(), &args, scratch.join("agent.log"));
+        // Up, or failed to start (e.g. `--probes on` without probes).
+        let deadline = Instant::now() + TIMEOUT;
+        while agent.snapshot().is_none() {
+            if let Some(status) = agent.try_exit() {
+                panic!(
+                    "{test}: subetha-agent {args:?} exited with {status}:\n{}",
+                    agent.log()
+                );
+            }
+            assert!(Instant::now() < deadline, "{test}: the agent does not answer");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self::Binary(agent, scratch)
+    }
+
+    fn snapshot(&self) -> Option<AgentSnapshot> {
+        match self {
+            Self::Library(handle) => Some((*handle.snapshot()).clone()),
+            Self::Binary(agent, _) => agent.snapshot(),
+        }
+    }
+
+    fn log(&self) -> String {
+        match self {
+            Self::Library(_) => String::new(),
+            Self::Binary(agent, _) => format!("\n--- agent log ---\n{}", agent.log()),
+        }
+    }
+
+    /// Polls snapshots until `check` accepts one.
+    fn wait<T>(&self, timeout: Duration, what: &str, mut check: impl FnMut(&AgentSnapshot) -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(snapshot) = self.snapshot() {
+                if let Some(found) = check(&snapshot) {
+                    return found;
+                }
+                last = Some(snapshot);
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; last snapshot: {last:#?}{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Self::Library(handle) => {
+                handle.stop();
+            }
+            Self::Binary(mut agent, _scratch) => {
+                agent.signal(libc::SIGTERM);
+                let status = agent.wait_exit(TIMEOUT);
+                assert!(status.success(), "agent exit {status}:{}", agent.log_text());
+            }
+        }
+    }
+}
+
+/// `AgentProcess` helpers this file needs.
+trait AgentProcessExt {
+    fn try_exit(&mut self) -> Option<std::process::ExitStatus>;
+    fn log_text(&self) -> String;
+}
+
+impl AgentProcessExt for AgentProcess {
+    fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        // Still running: kill(pid, 0) succeeds for a live or zombie child;
+        // a zombie is reaped by wait_exit.
+        // SAFETY: signal 0 only checks the pid, which is our unreaped child.
+        let alive = unsafe { libc::kill(self.pid() as libc::pid_t, 0) } == 0;
+        let zombie = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(true);
+        (!alive || zombie).then(|| self.wait_exit(TIMEOUT))
+    }
+
+    fn log_text(&self) -> String {
+        self.log()
+    }
+}
+
+// ------------------------------------------------------------------ the hog
+
+/// What the hog did: its thread id and the window it held the CPU
+/// (CLOCK_MONOTONIC ns, measured on that CPU by the hog itself).
+#[derive(Clone, Copy, Debug)]
+struct HogRun {
+    tid: u32,
+    begin_ns: u64,
+    end_ns: u64,
+}
+
+/// Runs a `SCHED_FIFO` (priority 50) busy loop named `subetha-hog` on
+/// `cpu` for [`HOG_WINDOW_NS`] and waits for it to finish. The caller must
+/// not be on `cpu`. Bounded by time; the kernel's RT throttling bounds it
+/// too.
+fn run_hog(cpu: usize) -> HogRun {
+    let (tx, rx) = mpsc::channel();
+    let hog = std::thread::Builder::new()
+        .name("subetha-hog".into())
+        .spawn(move || {
+            // Real-time first, then onto the CPU: it takes the CPU from
+            // whatever CFS task (the scanner) runs there at once.
+            let fifo = set_fifo(50);
+            pin_to(cpu);
+            let begin_ns = monotonic_ns();
+            if fifo.is_ok() {
+                while monotonic_ns() - begin_ns < HOG_WINDOW_NS {
+                    std::hint::spin_loop();
+                }
+            }
+            let end_ns = monotonic_ns();
+            tx.send(fifo.map(|()| HogRun {
+                tid: gettid(),
+                begin_ns,
+                end_ns,
+            }))
+            .unwrap();
+        })
+        .expect("spawn the hog");
+    hog.join().expect("the hog thread");
+    rx.recv()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("SCHED_FIFO for the hog: {e}"))
+}
+
+// ----------------------------------------------------------- the scenarios
+
+/// What one staged run saw.
+struct Staged {
+    pid: u32,
+    truth: FloodTruth,
+    snapshot: AgentSnapshot,
+    hog: Option<HogRun>,
+}
+
+/// Runs the flood (`flood_args`) under an agent with `probes`, optionally
+/// with the hog after 300 ms; waits for the flood's exit and for every
+/// storm of its process to have a settled cause; checks conservation.
+fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> Staged {
+    require_two_cpus(test);
+    // The test thread (flood control, snapshots, the hog's start and join)
+    // stays on CPU 0.
+    let _affinity = AffinityGuard::pin_current(PRODUCER_CPU);
+    let mut flood = Flood::spawn(flood_args);
+    let pid = flood.pid;
+    let agent = AgentUnderTest::start(test, pid, probes);
+    agent.wait(TIMEOUT, "the agent to attach the flood", |s| {
+        process(s, pid).filter(|p| p.state == "attached").map(|_| ())
+    });
+    if probes == ProbeMode::On {
+        let snapshot = agent.snapshot().expect("snapshot");
+        assert!(
+            snapshot.agent.probes.starts_with("on: 4/4 sched tracepoints"),
+            "{test}: probes not fully on: {:?}{}",
+            snapshot.agent.probes,
+            agent.log()
+        );
+    }
+    let began = flood.go();
+    let hog = with_hog.then(|| {
+        // Steady state first: the producer thread is watched, the rate held.
+        std::thread::sleep(Duration::from_millis(300));
+        run_hog(SCANNER_CPU)
+    });
+    let truth = flood.finish();
+    eprintln!(
+        "{test}: flood pid {pid} tid {}: {} attempted at {:.2} M/s over {:.1} ms, {} dropped; began {:.1} ms \
+         after `go`{}",
+        truth.tid,
+        truth.attempted,
+        truth.achieved_rate / 1e6,
+        (truth.end_mono_ns - truth.begin_mono_ns) as f64 / MS,
+        truth.dropped,
+        (truth.begin_mono_ns.saturating_sub(began)) as f64 / MS,
+        hog.map(|h| format!(
+            "; hog tid {} held CPU {SCANNER_CPU} for {:.3} ms from +{:.3} ms ({:.3} ms)",
+            h.tid,
+            (h.end_ns - h.begin_ns) as f64 / MS,
+            (h.begin_ns - truth.begin_mono_ns) as f64 / MS,
+            h.begin_ns as f64 / MS,
+        ))
+        .unwrap_or_default()
+    );
+    let snapshot = agent.wait(
+        SETTLE_TIMEOUT,
+        "the flood's exit and settled causes for all its storms",
+        |s| {
+            let report = process(s, pid)?;
+            let storms = storms_of(s, pid);
+            (report.state == "exited"
+                && report.drained + report.dropped + report.lost_no_ring == truth.attempted
+                && storms.iter().all(|st| st.cause_settled))
+            .then(|| s.clone())
+        },
+    );
+    let report = process(&snapshot, pid).unwrap();
+    assert_conserved(report, &truth.truth(), test);
+    let storms = storms_of(&snapshot, pid);
+    let storm_drops: u64 = storms.iter().map(|s| s.dropped).sum();
+    assert_eq!(storm_drops, report.dropped, "every drop is in one storm: {storms:#?}");
+    for storm in &storms {
+        eprintln!("{test}: {}", describe(storm));
+    }
+    if probes == ProbeMode::On {
+        eprintln!(
+            "{test}: probes {:?}, {} events, {} lost",
+            snapshot.agent.probes, snapshot.agent.probe_events, snapshot.agent.probe_losses
+        );
+    }
+    agent.stop();
+    Staged {
+        pid,
+        truth,
+        snapshot,
+        hog,
+    }
+}
+
+fn describe(storm: &StormReport) -> String {
+    let cause = storm.cause.as_ref();
+    format!(
+        "storm #{} tid {} at {:.3} ms for {:.3} ms{}{}: {} dropped, longest gap {:.3} ms; cause {} ({}): {}; \
+         interval {:?}; evidence {:?}",
+        storm.id,
+        storm.tid,
+        storm.begin_mono_ns as f64 / MS,
+        storm.duration_ns as f64 / MS,
+        if storm.end_estimated { " (end estimated)" } else { "" },
+        if storm.merged > 0 { format!(" ({} merged)", storm.merged) } else { String::new() },
+        storm.dropped,
+        storm.max_scan_gap_ns as f64 / MS,
+        cause.map_or("-", |c| c.kind.as_str()),
+        cause.map_or("-", |c| c.confidence.as_str()),
+        cause.map_or("-", |c| c.summary.as_str()),
+        cause.and_then(|c| c.interval),
+        cause.map(|c| &c.evidence),
+    )
+}
+
+/// The storms during the hog's window (at least one): those whose known
+/// extent overlaps it. A storm whose end is estimated (another episode
+/// began before the agent saw it end, so the agent only knows it ended by
+/// the next scan) is taken to have ended where it began.
+fn hog_storms<'a>(staged: &'a Staged, hog: &HogRun) -> Vec<&'a StormReport> {
+    let storms = storms_of(&staged.snapshot, staged.pid);
+    let during: Vec<&StormReport> = storms
+        .iter()
+        .copied()
+        .filter(|s| {
+            let end = match s.end_mono_ns {
+                Some(_) if s.end_estimated => s.begin_mono_ns,
+                Some(end) => end,
+                None => u64::MAX,
+            };
+            s.begin_mono_ns <= hog.end_ns && end >= hog.begin_ns
+        })
+        .collect();
+    assert!(
+        !during.is_empty(),
+        "no storm during the hog's window {hog:?} (flood {:?}): {storms:#?}",
+        staged.truth
+    );
+    during
+}
+
+fn cause_of(storm: &StormReport) -> &Cause {
+    storm
+        .cause
+        .as_ref()
+        .unwrap_or_else(|| panic!("storm without a cause: {storm:#?}"))
+}
+
+/// Share of `[begin, end]` covered by `[a, b]`.
+fn coverage(a: u64, b: u64, begin: u64, end: u64) -> f64 {
+    let overlap = b.min(end).saturating_sub(a.max(begin));
+    overlap as f64 / (end - begin).max(1) as f64
+}
+
+fn preemption_flood_args() -> Vec<&'static str> {
+    vec!["--rate", RATE, "--duration-ms", "1000"]
+}
+
+#[test]
+fn probes_preempted_scanner_names_the_hog() {
+    const TEST: &str = "probes_preempted_scanner_names_the_hog";
+    let _serial = serial();
+    if !probes_possible(TEST) {
+        return;
+    }
+    let staged = stage(TEST, ProbeMode::On, &preemption_flood_args(), true);
+    let hog = staged.hog.unwrap();
+    for storm in hog_storms(&staged, &hog) {
+        check_blames_the_hog(storm, &hog);
+    }
+}
+
+/// `storm` is blamed on the hog, with the kernel's evidence.
+fn check_blames_the_hog(storm: &StormReport, hog: &HogRun) {
+    const TEST: &str = "probes_preempted_scanner_names_the_hog";
+    let cause = cause_of(storm);
+    let context = describe(storm);
+    assert_eq!(
+        (cause.kind.as_str(), cause.confidence.as_str()),
+        ("scanner_preempted", "high"),
+        "{context}"
+    );
+    assert!(
+        cause.summary.contains("subetha-hog") && cause.summary.contains(&format!("(pid {})", hog.tid)),
+        "the summary names the hog (tid {}): {context}",
+        hog.tid
+    );
+    let culprit = cause
+        .culprit
+        .as_ref()
+        .unwrap_or_else(|| panic!("no culprit: {context}"));
+    assert_eq!(
+        (culprit.comm.as_str(), culprit.pid, culprit.cpu),
+        ("subetha-hog", hog.tid, SCANNER_CPU as u32),
+        "{context}"
+    );
+    let interval = cause
+        .interval
+        .unwrap_or_else(|| panic!("no interval: {context}"));
+    let covered = coverage(
+        interval.begin_mono_ns,
+        interval.end_mono_ns,
+        hog.begin_ns,
+        hog.end_ns,
+    );
+    eprintln!(
+        "{TEST}: cause interval [{:+.3}, {:+.3}] ms vs hog [0, {:.3}] ms: covers {:.1}% of the hog's window",
+        (interval.begin_mono_ns as f64 - hog.begin_ns as f64) / MS,
+        (interval.end_mono_ns as f64 - hog.begin_ns as f64) / MS,
+        (hog.end_ns - hog.begin_ns) as f64 / MS,
+        covered * 100.0
+    );
+    assert!(
+        covered >= 0.8,
+        "the cause's interval covers {:.1}% of the hog's window [{}, {}]: {context}",
+        covered * 100.0,
+        hog.begin_ns,
+        hog.end_ns
+    );
+    // And it is about the hog, not a longer stretch around it.
+    let length = interval.end_mono_ns.saturating_sub(interval.begin_mono_ns);
+    assert!(
+        length <= 2 * (hog.end_ns - hog.begin_ns),
+        "interval {length} ns much longer than the hog's window: {context}"
+    );
+}
+
+#[test]
+fn probes_off_preempted_scanner_is_inferred_from_proc() {
+    const TEST: &str = "probes_off_preempted_scanner_is_inferred_from_proc";
+    let _serial = serial();
+    let staged = stage(TEST, ProbeMode::Off, &preemption_flood_args(), true);
+    assert_eq!(staged.snapshot.agent.probes, "off");
+    let hog = staged.hog.unwrap();
+    for storm in hog_storms(&staged, &hog) {
+        let cause = cause_of(storm);
+        let context = describe(storm);
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("scanner_preempted", "low"),
+            "{context}"
+        );
+        assert!(
+            cause.evidence.iter().any(|e| e.contains("schedstat")),
+            "the evidence says where it comes from: {context}"
+        );
+        assert!(cause.culprit.is_none(), "no kernel events, no culprit: {context}");
+    }
+}
+
+fn burst_flood_args() -> Vec<&'static str> {
+    vec!["--burst", "200000"]
+}
+
+/// The burst storms: every storm of the flood is a producer burst.
+fn check_burst(test: &str, staged: &Staged, confidence: &str) {
+    assert!(
+        staged.truth.dropped > 0,
+        "{test}: a 200,000-observation burst must overrun the ring: {:?}",
+        staged.truth
+    );
+    let storms = storms_of(&staged.snapshot, staged.pid);
+    assert!(!storms.is_empty(), "{test}: drops without storms");
+    for storm in storms {
+        let cause = cause_of(storm);
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("producer_burst", confidence),
+            "{test}: {}",
+            describe(storm)
+        );
+    }
+}
+
+#[test]
+fn probes_burst_with_an_unhindered_scanner_is_a_producer_burst() {
+    const TEST: &str = "probes_burst_with_an_unhindered_scanner_is_a_producer_burst";
+    let _serial = serial();
+    if !probes_possible(TEST) {
+        return;
+    }
+    let staged = stage(TEST, ProbeMode::On, &burst_flood_args(), false);
+    check_burst(TEST, &staged, "high");
+}
+
+#[test]
+fn probes_off_burst_is_still_a_producer_burst() {
+    const TEST: &str = "probes_off_burst_is_still_a_producer_burst";
+    let _serial = serial();
+    let staged = stage(TEST, ProbeMode::Off, &burst_flood_args(), false);
+    check_burst(TEST, &staged, "low");
+}
+
+// ------------------------------------------------------------ CPU affinity
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set is valid for writes of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(rc, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    assert!(cpu < libc::CPU_SETSIZE as usize);
+    // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (asserted).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the set is valid for reads of its own size; 0 is this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+}
+
+/// Makes the calling thread SCHED_FIFO at `priority`.
+fn set_fifo(priority: i32) -> Result<(), String> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is valid for the call; 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+/// Pins the calling thread to one CPU and restores its affinity on drop.
+struct AffinityGuard(libc::cpu_set_t);
+
+impl AffinityGuard {
+    fn pin_current(cpu: usize) -> Self {
+        // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
+        let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the set is valid for writes of its own size.
+        let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut old) };
+        assert_eq!(rc, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
+        pin_to(cpu);
+        Self(old)
+    }
+}
+
+impl Drop for AffinityGuard {
+    fn drop(&mut self) {
+        // SAFETY: the set is valid for reads of its own size; 0 is this thread.
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.0) };
+    }
+}
