@@ -107,9 +107,9 @@ const SCAN_HISTORY: usize = 1 << 16;
 /// Scheduler samples of the scan thread kept (one per `SCHED_SAMPLE_NS`).
 const SCHED_HISTORY: usize = 8192;
 /// How often the scan thread samples its own schedstat (without probes).
-const SCHED_SAMPLE_NS: u64 = 5_000_000;
+const SCHED_SAMPLE_NS: u64 = 10_000_000;
 /// How often the probes' ring buffer is read.
-const PROBE_DRAIN_NS: u64 = 20_000_000;
+const PROBE_DRAIN_NS: u64 = 50_000_000;
 /// Producer threads whose CPU and migrations are remembered.
 const PRODUCER_HISTORY: usize = 4096;
 /// Migrations kept per producer thread.
@@ -174,6 +174,7 @@ struct State {
     last_scan_end: Option<u64>,
     scanner_tid: u32,
     sched_samples: VecDeque<SchedSample>,
+    sched_sampler: Option<cause::SchedSampler>,
     next_sched_sample_ns: u64,
     off_cpu: VecDeque<OffCpu>,
     probes_active: bool,
@@ -227,6 +228,7 @@ impl Agent {
                 last_scan_end: None,
                 scanner_tid: 0,
                 sched_samples: VecDeque::new(),
+                sched_sampler: None,
                 next_sched_sample_ns: 0,
                 off_cpu: VecDeque::new(),
                 probes_active: false,
@@ -302,6 +304,7 @@ impl Agent {
         {
             tracing::warn!(cpu, %error, "cannot pin the scan thread");
         }
+        self.state.sched_sampler = cause::SchedSampler::for_current_thread();
         let scanner_tid = self.state.scanner_tid;
         if let Some(probes) = self.state.probes.as_mut() {
             if let Err(error) = probes.attach_scanner(std::process::id(), scanner_tid) {
@@ -372,6 +375,11 @@ impl State {
         };
         let registered: Vec<Registered> = rx.try_iter().collect();
         for Registered { pid, file } in registered {
+            if let Some(pids) = &self.config.pids
+                && !pids.contains(&pid)
+            {
+                continue; // --pid limits registrations too
+            }
             let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
             let candidate = Candidate {
                 pid,
@@ -570,14 +578,15 @@ impl State {
         }
     }
 
-    /// Samples the scan thread's run delay (the no-probes fallback).
+    /// Samples the scan thread's run delay (the fallback when the sched
+    /// probes are not running).
     fn sample_scheduler(&mut self) {
         let now = clock::monotonic_ns();
-        if now < self.next_sched_sample_ns || self.scanner_tid == 0 {
+        if now < self.next_sched_sample_ns || self.probes_active {
             return;
         }
         self.next_sched_sample_ns = now + SCHED_SAMPLE_NS;
-        if let Some(sample) = cause::sample_sched(self.scanner_tid, now) {
+        if let Some(sample) = self.sched_sampler.as_ref().and_then(|s| s.sample(now)) {
             if self.sched_samples.len() == SCHED_HISTORY {
                 self.sched_samples.pop_front();
             }
@@ -760,13 +769,19 @@ impl State {
         };
         let mut new = Vec::new();
         let mut updates = Vec::new();
-        for episode in tracked.drainer.episodes() {
+        // Newest first, stopping at the first episode that is neither new nor
+        // open: an idle scan costs nothing however long the history is.
+        let oldest_open = tracked.open_storms.keys().min().copied().unwrap_or(u64::MAX);
+        for episode in tracked.drainer.episodes().rev() {
             if episode.seq > tracked.last_episode_seq {
                 new.push((episode.clone(), instance_name(episode.first_instance)));
             } else if let Some(&storm_id) = tracked.open_storms.get(&episode.seq) {
                 updates.push((storm_id, episode.clone()));
+            } else if episode.seq < oldest_open {
+                break;
             }
         }
+        new.reverse();
         for (storm_id, episode) in updates {
             let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
             if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id) {

@@ -88,11 +88,17 @@ enum Probes {
 
 impl ScanArgs {
     fn config(&self) -> Result<AgentConfig> {
+        for (flag, value) in [
+            ("--min-scan-interval", self.min_scan_interval),
+            ("--max-scan-interval", self.max_scan_interval),
+            ("--discovery-interval", self.discovery_interval),
+        ] {
+            if value.is_zero() {
+                bail!("{flag} must be greater than zero");
+            }
+        }
         if self.min_scan_interval > self.max_scan_interval {
             bail!("--min-scan-interval must not exceed --max-scan-interval");
-        }
-        if self.min_scan_interval.is_zero() || self.discovery_interval.is_zero() {
-            bail!("intervals must be greater than zero");
         }
         Ok(AgentConfig {
             pids: (!self.pids.is_empty()).then(|| self.pids.clone()),
@@ -227,6 +233,12 @@ fn run(args: RunArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Install the signal handlers before anything else runs, so a SIGTERM
+    // right after start-up is a clean shutdown, not a kill.
+    let signals = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
+    })?;
     // Bind before starting the scan thread so a busy port fails fast.
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(args.listen))
@@ -247,7 +259,7 @@ fn run(args: RunArgs) -> Result<()> {
             }
         }));
         let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let signals = shutdown_signal();
+        let signals = shutdown_signal(signals);
         tokio::pin!(signals);
         loop {
             tokio::select! {
@@ -274,11 +286,11 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler");
+async fn shutdown_signal(
+    (mut term, mut interrupt): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+) {
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
         _ = term.recv() => {}
     }
 }

@@ -114,7 +114,15 @@ fn listen(listener: &UnixListener, sink: &Sender<Registered>, stop: &AtomicBool)
                 Err(error) => tracing::debug!(%error, "ignoring a registration"),
             },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                // Sleep in the kernel until a peer connects (or 250 ms pass,
+                // to notice `stop`): no busy polling.
+                let mut fd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call.
+                unsafe { libc::poll(&mut fd, 1, 250) };
             }
             Err(error) => {
                 tracing::warn!(%error, "registration socket accept failed");

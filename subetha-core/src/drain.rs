@@ -52,6 +52,10 @@ const MAX_PER_RING_PER_SCAN: usize = 2 * ObservationRing::CAPACITY;
 pub const EPISODE_HISTORY: usize = 4096;
 /// Retired instances whose final stats are kept.
 pub const RETIRED_HISTORY: usize = 4096;
+/// Scans between re-checks of table pages never seen written.
+const UNTOUCHED_RECHECK: u64 = 64;
+/// Instance entries per page.
+const INSTANCES_PER_PAGE: u32 = (4096 / size_of::<InstanceEntry>()) as u32;
 
 /// What a consumer knows about an instance, read from its table entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -225,7 +229,13 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     view: V,
     lease: Option<ConsumerLease>,
     calibration: Calibration,
-    instances: Vec<Option<Tracked>>,
+    instances: Vec<Option<Box<Tracked>>>,
+    /// Per instance-table page / ring slot: seen written at least once. Until
+    /// then it is only looked at if `mincore` says its page is in memory
+    /// (rechecked every `UNTOUCHED_RECHECK` scans): a hostile high-water mark
+    /// must not make the consumer fault in (and pay for) untouched pages.
+    instance_pages_touched: Vec<bool>,
+    slots_touched: Vec<bool>,
     retired: VecDeque<InstanceRecord>,
     rings: Vec<RingRecord>,
     episodes: VecDeque<DropEpisode>,
@@ -260,6 +270,8 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             lease,
             calibration,
             instances: Vec::new(),
+            instance_pages_touched: Vec::new(),
+            slots_touched: Vec::new(),
             retired: VecDeque::new(),
             rings: Vec::new(),
             episodes: VecDeque::new(),
@@ -365,12 +377,37 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         report
     }
 
+    /// Whether table bytes at `offset` (page `page` of a `touched` list) may
+    /// be read: seen written before, or in memory now.
+    fn may_read(view: &SegmentView, touched: &mut Vec<bool>, page: usize, offset: usize, len: usize, recheck: bool) -> bool {
+        if touched.len() <= page {
+            touched.resize(page + 1, false);
+            // First sight: check now.
+            let resident = view.is_resident(offset, len);
+            touched[page] = resident;
+            return resident;
+        }
+        if touched[page] {
+            return true;
+        }
+        if recheck && view.is_resident(offset, len) {
+            touched[page] = true;
+        }
+        touched[page]
+    }
+
     fn refresh_instances(&mut self) {
         let count = self.view().instances_in_use();
         if self.instances.len() < count as usize {
-            self.instances.resize(count as usize, None);
+            self.instances.resize_with(count as usize, || None);
         }
+        let recheck = self.totals.scans % UNTOUCHED_RECHECK == 1;
         for index in 0..count {
+            let page = (index / INSTANCES_PER_PAGE) as usize;
+            let offset = self.view.as_ref().instance_offset(index);
+            if !Self::may_read(self.view.as_ref(), &mut self.instance_pages_touched, page, offset, size_of::<InstanceEntry>(), recheck) {
+                continue; // never written: FREE
+            }
             let Some(entry) = self.view.as_ref().instance(index) else {
                 break;
             };
@@ -385,14 +422,14 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                         if let Some(old) = tracked.take() {
                             Self::keep_retired(&mut self.retired, old.record);
                         }
-                        *tracked = Some(Tracked {
+                        *tracked = Some(Box::new(Tracked {
                             generation,
                             retiring: false,
                             record: InstanceRecord {
                                 meta: InstanceMeta::read(entry, index, generation),
                                 stats: InstanceStats::new(),
                             },
-                        });
+                        }));
                     }
                     if state == instance_state::RETIRED
                         && let Some(t) = tracked
@@ -444,6 +481,11 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
     }
 
     fn scan_ring(&mut self, index: u32, now: u64, report: &mut ScanReport) {
+        let recheck = self.totals.scans % UNTOUCHED_RECHECK == 1;
+        let offset = self.view.as_ref().ring_slot_offset(index);
+        if !Self::may_read(self.view.as_ref(), &mut self.slots_touched, index as usize, offset, 64, recheck) {
+            return; // never claimed: FREE, nothing in it
+        }
         let Some(slot) = self.view.as_ref().ring_slot(index) else {
             return;
         };
@@ -453,7 +495,15 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         let generation = slot.generation.load(Ordering::Relaxed);
         let record = &mut self.rings[index as usize];
         if !matches!(state, slot_state::ACTIVE | slot_state::ORPHANED) {
+            // A free slot's totals are final; a consumer that attached after
+            // it was freed still counts what earlier occupants pushed.
             record.state = state;
+            record.slot = index;
+            record.generation = generation;
+            if state == slot_state::FREE {
+                record.slot_drained_total = slot.reconcile_drained();
+                record.slot_dropped_total = slot.ring.dropped();
+            }
             return;
         }
         if record.generation != generation || record.thread_id == 0 {
@@ -627,7 +677,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
     }
 
     /// Drop episodes, oldest first (bounded history).
-    pub fn episodes(&self) -> impl Iterator<Item = &DropEpisode> {
+    pub fn episodes(&self) -> impl DoubleEndedIterator<Item = &DropEpisode> {
         self.episodes.iter()
     }
 
@@ -676,7 +726,7 @@ impl<V: AsRef<SegmentView>> Drop for Drainer<V> {
 fn drain_ring(
     slot: &RingSlot,
     batch: &mut [Observation; BATCH],
-    instances: &mut [Option<Tracked>],
+    instances: &mut [Option<Box<Tracked>>],
     now: u64,
     totals: &mut DrainTotals,
 ) -> Result<(u64, bool), RingCorrupt> {

@@ -28,6 +28,8 @@
 pub mod clock;
 pub mod hooks;
 pub mod observation;
+#[cfg(not(loom))]
+pub mod primitives;
 pub mod ring;
 mod sync;
 
@@ -50,6 +52,7 @@ pub use ring::ObservationRing;
 #[cfg(not(loom))]
 pub use {
     drain::{Drainer, DropEpisode, InstanceMeta, InstanceRecord, RingRecord, ScanReport},
+    primitives::{AdaptiveMutex, Barrier, Channel, Condvar, Mutex, PolicyWord, RwLock, Semaphore},
     registry::{Instance, InstanceKind, RegistryError, process_segment},
     segment::{Segment, SegmentConfig, SegmentError, SegmentView},
     sidecar::{Policy, Sidecar, SidecarConfig, SidecarMode, Snapshot, process_sidecar, set_sidecar_mode},

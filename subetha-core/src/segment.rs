@@ -779,6 +779,45 @@ impl SegmentView {
             .min(self.layout.ring_slot_capacity)
     }
 
+    /// Whether any page of `offset..offset + len` (clamped to the segment)
+    /// is in memory, i.e. was ever written by someone (or swapped back in).
+    /// A consumer asks before reading table entries a hostile high-water
+    /// mark points at: reading untouched memfd pages would allocate them,
+    /// charged to the reader.
+    pub fn is_resident(&self, offset: usize, len: usize) -> bool {
+        let total = self.layout.total_size as usize;
+        if offset >= total || len == 0 {
+            return false;
+        }
+        let first = offset / PAGE * PAGE;
+        let end = (offset + len).min(total);
+        let pages = (end - first).div_ceil(PAGE);
+        let mut small = [0u8; 32];
+        let mut large;
+        let vec: &mut [u8] = if pages <= small.len() {
+            &mut small[..pages]
+        } else {
+            large = vec![0u8; pages];
+            &mut large
+        };
+        // SAFETY: `first..first + pages * PAGE` lies within our validated
+        // mapping (page-aligned, clamped to total_size rounded up to a page,
+        // which the mapping covers); `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(self.base.as_ptr().add(first).cast(), end - first, vec.as_mut_ptr()) };
+        // On error assume resident: reading is then merely costly, not wrong.
+        rc != 0 || vec.iter().any(|&b| b & 1 != 0)
+    }
+
+    /// Byte offset of instance entry `index` (unchecked).
+    pub fn instance_offset(&self, index: u32) -> usize {
+        self.layout.instance_table_offset as usize + index as usize * size_of::<InstanceEntry>()
+    }
+
+    /// Byte offset of ring slot `index` (unchecked).
+    pub fn ring_slot_offset(&self, index: u32) -> usize {
+        self.layout.ring_table_offset as usize + index as usize * size_of::<RingSlot>()
+    }
+
     /// Bytes of the segment backed by memory right now (pages touched),
     /// from `mincore`. For memory-budget tests and the agent's reports.
     pub fn resident_bytes(&self) -> std::io::Result<usize> {

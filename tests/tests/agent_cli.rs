@@ -181,8 +181,6 @@ fn sigterm_stops_a_running_agent_with_exit_0() {
 }
 
 #[test]
-#[ignore = "bug: SIGTERM/SIGINT handlers are installed only after the port is bound, the scan \
-            thread runs and HTTP is served (main.rs `run`): a SIGTERM then kills the agent"]
 fn sigterm_right_after_the_port_opens_exits_0() {
     let scratch = ScratchDir::new("agent-sigterm-early");
     for round in 0..3 {
@@ -268,7 +266,6 @@ fn registration_socket_attaches_a_new_process_at_once() {
 }
 
 #[test]
-#[ignore = "bug: `--pid` does not apply to segments announced on the registration socket"]
 fn pid_filter_applies_to_registrations_too() {
     let scratch = ScratchDir::new("agent-registration-filter");
     let socket = scratch.join("agent.sock");

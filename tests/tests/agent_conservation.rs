@@ -260,8 +260,6 @@ fn thousands_of_short_lived_threads_reuse_slots_and_balance() {
 }
 
 #[test]
-#[ignore = "bug: the Drainer never reads the totals of a slot that was already free when it \
-            attached (subetha-core drain.rs scan_ring), so the agent under-reports `drained`"]
 fn slots_freed_before_the_agent_attached_still_count() {
     let mut workload = Workload::spawn(
         WORKLOAD,

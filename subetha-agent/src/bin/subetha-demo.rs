@@ -1,24 +1,29 @@
 //! `subetha-demo`: an instrumented workload for trying the agent.
 //!
 //! Worker threads share two mutex-protected maps and a bounded job channel,
-//! each registered as a subetha instance; every operation is observed (with
-//! its wait time when it had to wait). `--burst` makes one thread emit a
-//! long uninterrupted run of observations every `--burst-every`, more than a
-//! ring holds, so the consumer sees a drop storm. `--churn` keeps spawning
-//! short-lived observing threads.
+//! all of them subetha primitives (`subetha_core::Mutex`,
+//! `subetha_core::Channel`), so every operation is observed by the
+//! primitive itself (with its wait time when it had to wait, and sampled
+//! hold times). `--burst` makes one thread poll `try_lock` on a lock it
+//! holds — a long uninterrupted run of failed `try_lock`s, more than a ring
+//! holds — every `--burst-every`, so the consumer sees a drop storm.
+//! `--churn` keeps spawning short-lived threads that use the same
+//! primitives.
 //!
-//! At exit it prints one JSON line of ground truth: every `observe` call it
-//! made (`observations_attempted`) and what each returned (queued, dropped
-//! because the ring was full, or lost for want of a ring).
+//! At exit it prints one JSON line of ground truth from
+//! [`subetha_core::primitives::accounting`]: every observation the
+//! primitives attempted (`observations_attempted`) and what became of it
+//! (queued, dropped because the ring was full, or lost for want of a ring).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use subetha_core::{Instance, InstanceKind, Observation, clock};
+use subetha_core::primitives::accounting;
+use subetha_core::primitives::channel::TrySendError;
+use subetha_core::{Channel, Mutex};
 
 #[derive(Parser)]
 #[command(about = "An instrumented workload for the subetha agent")]
@@ -49,106 +54,48 @@ struct Args {
     report: bool,
 }
 
-const MUTEX: InstanceKind = InstanceKind {
-    code: 1,
-    name: "mutex",
-    ops: &["lock", "try_lock", "unlock"],
-};
-const CHANNEL: InstanceKind = InstanceKind {
-    code: 5,
-    name: "channel",
-    ops: &["send", "recv", "try_send", "try_recv"],
-};
-const LOCK: u16 = 1;
-const TRY_LOCK: u16 = 2;
-const RECV: u16 = 2;
-const TRY_SEND: u16 = 3;
-const TRY_RECV: u16 = 4;
-
-/// Ground truth: what every `observe` call returned.
-#[derive(Default)]
-struct Truth {
-    attempted: AtomicU64,
-    queued: AtomicU64,
-    dropped: AtomicU64,
-    lost: AtomicU64,
-}
-
-impl Truth {
-    fn observe(&self, instance: &Instance, op: u16, flags: u16, latency: u64) {
-        self.attempted.fetch_add(1, Ordering::Relaxed);
-        let counter = match instance.observe(op, flags, latency) {
-            Ok(true) => &self.queued,
-            Ok(false) => &self.dropped,
-            Err(_) => &self.lost,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 struct Shared {
     orders: Mutex<HashMap<u64, u64>>,
-    orders_lock: Instance,
     cache: Mutex<Vec<u64>>,
-    cache_lock: Instance,
-    jobs_tx: SyncSender<u64>,
-    jobs_rx: Mutex<Receiver<u64>>,
-    jobs: Instance,
-    truth: Truth,
+    jobs: Channel<u64>,
     stop: AtomicBool,
 }
 
 impl Shared {
-    fn lock_observed<'a, T>(&self, mutex: &'a Mutex<T>, instance: &Instance) -> std::sync::MutexGuard<'a, T> {
-        if let Ok(guard) = mutex.try_lock() {
-            self.truth.observe(instance, LOCK, 0, 0);
-            return guard;
+    fn work_once(&self, seq: u64) {
+        // `lock` (contended + wait when it had to wait), sampled `unlock`.
+        *self.orders.lock().entry(seq % 1024).or_default() += 1;
+        // `try_lock`, a miss when another worker holds the cache.
+        if seq.is_multiple_of(4)
+            && let Some(mut cache) = self.cache.try_lock()
+        {
+            cache.push(seq);
+            if cache.len() > 256 {
+                cache.clear();
+            }
         }
-        let start = clock::ticks();
-        let guard = mutex.lock().unwrap_or_else(|p| p.into_inner());
-        let waited = clock::ticks().saturating_sub(start).max(1);
-        self.truth.observe(instance, LOCK, Observation::FLAG_CONTENDED, waited);
-        guard
+        // `try_send` (a miss when full); when full, drain one job with a
+        // timed `recv`.
+        if let Err(TrySendError::Full(_)) = self.jobs.try_send(seq) {
+            let _ = self.jobs.recv_timeout(Duration::from_millis(1));
+        }
+        // `try_recv`, a miss when empty.
+        if seq % 2 == 1 {
+            let _ = self.jobs.try_recv();
+        }
     }
 
-    fn work_once(&self, seq: u64) {
-        {
-            let mut orders = self.lock_observed(&self.orders, &self.orders_lock);
-            *orders.entry(seq % 1024).or_default() += 1;
-        }
-        if seq.is_multiple_of(4) {
-            match self.cache.try_lock() {
-                Ok(mut cache) => {
-                    self.truth.observe(&self.cache_lock, TRY_LOCK, 0, 0);
-                    cache.push(seq);
-                    if cache.len() > 256 {
-                        cache.clear();
-                    }
-                }
-                Err(_) => self
-                    .truth
-                    .observe(&self.cache_lock, TRY_LOCK, Observation::FLAG_MISS, 0),
+    /// Holds the cache lock and polls `try_lock` on it `size` times: every
+    /// poll is one failed `try_lock` observation, as fast as the producer
+    /// can go — far more than a ring holds.
+    fn burst(&self, size: u64) {
+        let _held = self.cache.lock();
+        for i in 0..size {
+            let polled = self.cache.try_lock();
+            debug_assert!(polled.is_none());
+            if i % 1024 == 0 && self.stop.load(Ordering::Relaxed) {
+                break;
             }
-        }
-        match self.jobs_tx.try_send(seq) {
-            Ok(()) => self.truth.observe(&self.jobs, TRY_SEND, 0, 0),
-            Err(TrySendError::Full(_)) => {
-                self.truth.observe(&self.jobs, TRY_SEND, Observation::FLAG_CONTENDED, 0);
-                if let Ok(rx) = self.jobs_rx.try_lock() {
-                    let start = clock::ticks();
-                    let got = rx.recv_timeout(Duration::from_millis(1)).is_ok();
-                    let waited = clock::ticks().saturating_sub(start).max(1);
-                    self.truth
-                        .observe(&self.jobs, RECV, if got { 0 } else { Observation::FLAG_MISS }, waited);
-                }
-            }
-            Err(TrySendError::Disconnected(_)) => {}
-        }
-        if seq % 2 == 1
-            && let Ok(rx) = self.jobs_rx.try_lock()
-        {
-            let flags = if rx.try_recv().is_ok() { 0 } else { Observation::FLAG_MISS };
-            self.truth.observe(&self.jobs, TRY_RECV, flags, 0);
         }
     }
 }
@@ -162,13 +109,7 @@ fn worker(shared: &Shared, index: usize, args: &Args) {
         shared.work_once(seq);
         seq += 1;
         if args.burst && index == 0 && Instant::now() >= next_burst {
-            // Far more than a ring holds, as fast as the producer can go.
-            for i in 0..args.burst_size {
-                shared.truth.observe(&shared.orders_lock, LOCK, 0, 0);
-                if i % 1024 == 0 && shared.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-            }
+            shared.burst(args.burst_size);
             next_burst = Instant::now() + args.burst_every;
         }
         if let Some(period) = period {
@@ -188,16 +129,12 @@ fn main() -> anyhow::Result<()> {
     if args.threads == 0 {
         anyhow::bail!("--threads must be at least 1");
     }
-    let (jobs_tx, jobs_rx) = sync_channel(256);
+    // Before the first primitive: every observation is counted.
+    accounting::enable();
     let shared = Arc::new(Shared {
-        orders: Mutex::new(HashMap::new()),
-        orders_lock: Instance::register(MUTEX, "orders_lock")?,
-        cache: Mutex::new(Vec::new()),
-        cache_lock: Instance::register(MUTEX, "cache_lock")?,
-        jobs_tx,
-        jobs_rx: Mutex::new(jobs_rx),
-        jobs: Instance::register(CHANNEL, "jobs")?,
-        truth: Truth::default(),
+        orders: Mutex::named("orders_lock", HashMap::new()),
+        cache: Mutex::named("cache_lock", Vec::new()),
+        jobs: Channel::named("jobs", 256),
         stop: AtomicBool::new(false),
     });
     let started = Instant::now();
@@ -240,7 +177,8 @@ fn main() -> anyhow::Result<()> {
     for handle in handles {
         let _ = handle.join();
     }
-    let truth = &shared.truth;
+    // Every thread that observed has been joined: the tally is exact.
+    let truth = accounting::totals();
     if args.report
         && let Some(sidecar) = subetha_core::process_sidecar()
     {
@@ -269,10 +207,10 @@ fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "pid": std::process::id(),
-            "observations_attempted": truth.attempted.load(Ordering::Relaxed),
-            "queued": truth.queued.load(Ordering::Relaxed),
-            "dropped": truth.dropped.load(Ordering::Relaxed),
-            "lost_no_ring": truth.lost.load(Ordering::Relaxed),
+            "observations_attempted": truth.attempted,
+            "queued": truth.queued,
+            "dropped": truth.dropped,
+            "lost_no_ring": truth.lost,
             "threads": args.threads,
             "duration_ms": started.elapsed().as_millis() as u64,
         })

@@ -1,0 +1,752 @@
+//! [`AdaptiveMutex`]: a [`Mutex`] whose spin-before-park budget is chosen
+//! by a built-in [`Policy`] from what the lock was observed doing.
+//!
+//! # Mechanism
+//!
+//! The lock is a [`Mutex`] in adaptive mode (kind 7, `adaptive_mutex`;
+//! ops `lock`, `try_lock`, `unlock` as for [`Mutex`], plus `park` (4)). When
+//! the fast path fails, the waiter polls the lock word (a few `pause`s
+//! between polls, the clock read after each) for up to the budget in the
+//! policy word's `SPIN` field ([`PolicyWord`]), whether or not other
+//! waiters are parked, and then parks. A contended acquisition that had to
+//! park also records a `park` observation (latency: from parking to
+//! acquiring). With `SPIN` unset the budget is [`DEFAULT_SPIN_NS`]; a
+//! budget of 0 parks at once. (A plain [`Mutex`] spins like `parking_lot`:
+//! a fixed few exponential rounds, only while nobody is parked.)
+//!
+//! # The decision
+//!
+//! Spin-then-park is the classic answer to "is the wait shorter than a
+//! context switch?": spinning for as long as parking and being woken would
+//! cost never does worse than twice the better of the two, and a waiter
+//! whose lock comes free within a short hold should not park at all. The
+//! policy therefore needs two numbers: how long the lock is held, which it
+//! observes, and what a park/wake hand-off costs on this host, which it
+//! measures ([`measure_park_cost_ns`]: a futex ping-pong between two
+//! threads, repeated every [`PARK_COST_TTL`]; tens of µs on an idle virtual
+//! machine, a few µs on bare metal or a busy host).
+//!
+//! [`AdaptivePolicy`] runs in whichever consumer drains the segment: the
+//! in-process sidecar (installed automatically when the first
+//! `AdaptiveMutex` is created, unless `SUBETHA_ADAPTIVE_POLICY=off`) or an
+//! agent (which calls [`apply_policy`] with one `AdaptivePolicy` per
+//! segment after its scans). It only sees [`InstanceStats`] and the policy
+//! word, so it behaves the same in both. Per instance and per window (the
+//! observations since its last decision on that instance):
+//!
+//! 1. Fewer than [`AdaptiveConfig::min_contended`] contended acquisitions:
+//!    keep accumulating — unless the window already holds
+//!    [`AdaptiveConfig::max_quiet_window`] acquisitions, or contention is
+//!    below [`AdaptiveConfig::min_contention_rate`]: then spinning does not
+//!    matter; the budget is left alone and a new window starts.
+//! 2. Hold time: the p90 of the window's sampled `unlock` hold times, once
+//!    there are [`AdaptiveConfig::min_hold_samples`] of them; if a window of
+//!    [`AdaptiveConfig::max_quiet_window`] acquisitions brings none
+//!    (sampling turned off), the p50 of the contended waits stands in.
+//! 3. Budget = [`AdaptiveConfig::spin_holds`] × that hold time (enough for
+//!    the holder and a waiter ahead to finish), at least
+//!    [`AdaptiveConfig::min_spin_ns`] and at most the park cost: short holds
+//!    get a short spin and no parking; long holds get spin-then-park with a
+//!    budget equal to the park cost.
+//!
+//! A word with the pin bit set is left alone. The policy finds its window
+//! for an instance through the word's `TAG` field (it assigns tags itself),
+//! checked against the instance's first-seen time, so a collision or a
+//! reused tag only costs one window that falls back to cumulative counts.
+//!
+//! Limitation: spinning assumes the lock holder is running. On a host with
+//! more runnable threads than CPUs a spinning waiter can take the CPU the
+//! holder needs; the budget's cap (one park cost) bounds that waste.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::panic::Location;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::mutex::{self, Mutex, RawMutex};
+use super::{PolicyWord, ticks_per_spin_unit};
+use crate::clock;
+use crate::drain::Drainer;
+use crate::registry::InstanceKind;
+use crate::segment::SegmentView;
+use crate::sidecar::{Policy, Sidecar, process_sidecar};
+use crate::stats::InstanceStats;
+
+/// The kind [`AdaptiveMutex`] registers.
+pub const KIND: InstanceKind = InstanceKind {
+    code: 7,
+    name: "adaptive_mutex",
+    ops: &["lock", "try_lock", "unlock", "park"],
+};
+
+/// Spin budget while the policy word's `SPIN` field is unset.
+pub const DEFAULT_SPIN_NS: u64 = 1024;
+
+/// The tick until which a contended acquisition that started at `start`
+/// may spin under `word` (`start` itself when the budget is 0).
+#[inline]
+pub(crate) fn spin_deadline(start: u64, word: PolicyWord) -> u64 {
+    let budget_ns = word.spin_ns().unwrap_or(DEFAULT_SPIN_NS);
+    start.saturating_add(budget_ns / PolicyWord::SPIN_UNIT_NS * ticks_per_spin_unit())
+}
+
+/// A [`Mutex`] whose spin-before-park budget adapts to the lock's observed
+/// behaviour (kind 7). Dereferences to [`Mutex`]: `lock`, `try_lock`, the
+/// timed variants, guards and [`Condvar`](crate::Condvar) all work as
+/// there.
+///
+/// ```
+/// use subetha_core::AdaptiveMutex;
+///
+/// let hot = AdaptiveMutex::named("hot_counter", 0u64);
+/// *hot.lock() += 1;
+/// assert_eq!(hot.into_inner(), 1);
+/// ```
+pub struct AdaptiveMutex<T: ?Sized>(Mutex<T>);
+
+impl<T> AdaptiveMutex<T> {
+    /// An adaptive mutex named after its creation site.
+    #[track_caller]
+    pub fn new(value: T) -> Self {
+        Self::build(None, Location::caller(), value)
+    }
+
+    /// An adaptive mutex named `name`.
+    #[track_caller]
+    pub fn named(name: &str, value: T) -> Self {
+        Self::build(Some(name), Location::caller(), value)
+    }
+
+    fn build(name: Option<&str>, site: &'static Location<'static>, value: T) -> Self {
+        let raw = RawMutex::register(KIND, name, site, true);
+        install_builtin_policy();
+        Self(Mutex::from_raw(raw, value))
+    }
+
+    /// Consumes the mutex (unregistering its instance) and returns the data.
+    pub fn into_inner(self) -> T {
+        self.0.into_inner()
+    }
+}
+
+impl<T: ?Sized> Deref for AdaptiveMutex<T> {
+    type Target = Mutex<T>;
+
+    fn deref(&self) -> &Mutex<T> {
+        &self.0
+    }
+}
+
+impl<T: ?Sized> DerefMut for AdaptiveMutex<T> {
+    fn deref_mut(&mut self) -> &mut Mutex<T> {
+        &mut self.0
+    }
+}
+
+impl<T: Default> Default for AdaptiveMutex<T> {
+    #[track_caller]
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+impl<T> From<T> for AdaptiveMutex<T> {
+    #[track_caller]
+    fn from(value: T) -> Self {
+        Self::new(value)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for AdaptiveMutex<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AdaptiveMutex").field(&&self.0).finish()
+    }
+}
+
+/// Adds [`AdaptivePolicy`] to the process sidecar once (again after a fork
+/// replaced the sidecar).
+fn install_builtin_policy() {
+    static INSTALLED_ON: AtomicPtr<Sidecar> = AtomicPtr::new(std::ptr::null_mut());
+    let Some(sidecar) = process_sidecar() else {
+        return;
+    };
+    let ptr = sidecar as *const Sidecar as *mut Sidecar;
+    if INSTALLED_ON.load(Ordering::Acquire) == ptr
+        || std::env::var("SUBETHA_ADAPTIVE_POLICY").is_ok_and(|v| matches!(v.trim(), "off" | "0" | "false"))
+    {
+        return;
+    }
+    if INSTALLED_ON.swap(ptr, Ordering::AcqRel) != ptr {
+        install_policy(sidecar);
+    }
+}
+
+/// Adds an [`AdaptivePolicy`] with the default configuration to `sidecar`
+/// (for sidecars started by hand; the process sidecar gets one
+/// automatically).
+pub fn install_policy(sidecar: &Sidecar) {
+    sidecar.add_policy(AdaptivePolicy::default());
+}
+
+/// Runs `policy` over every live instance `drainer` knows, as the sidecar
+/// does each policy round: for consumers that drain with their own
+/// [`Drainer`] (the agent). Returns how many policy words changed. Does
+/// nothing unless the drainer holds the lease.
+pub fn apply_policy<V: AsRef<SegmentView>>(drainer: &Drainer<V>, policy: &mut dyn Policy) -> usize {
+    if !drainer.holds_lease() {
+        return 0;
+    }
+    let mut updates = Vec::new();
+    for record in drainer.instances() {
+        if !policy.applies_to(record.meta.kind) {
+            continue;
+        }
+        let Some(current) = drainer.policy(record.meta.id) else {
+            continue;
+        };
+        if let Some(word) = policy.decide(&record.stats, current)
+            && word != current
+        {
+            updates.push((record.meta.id, word));
+        }
+    }
+    updates
+        .into_iter()
+        .filter(|&(id, word)| drainer.set_policy(id, word))
+        .count()
+}
+
+/// Thresholds of [`AdaptivePolicy`] (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Contended acquisitions a window needs before a decision.
+    pub min_contended: u64,
+    /// Contended share of acquisitions below which the budget is left alone.
+    pub min_contention_rate: f64,
+    /// A window this many acquisitions long without enough contention is
+    /// closed without a decision.
+    pub max_quiet_window: u64,
+    /// Sampled hold times needed to use them (else contended waits stand in).
+    pub min_hold_samples: u64,
+    /// Budget = this many hold p90s (before the cap).
+    pub spin_holds: u64,
+    /// Smallest budget.
+    pub min_spin_ns: u64,
+    /// The cost of parking and being woken, which caps the budget; `None`:
+    /// measured on this host ([`park_cost_ns`]).
+    pub park_cost_ns: Option<u64>,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        Self {
+            min_contended: 16,
+            min_contention_rate: 0.001,
+            max_quiet_window: 1 << 16,
+            min_hold_samples: 8,
+            spin_holds: 4,
+            min_spin_ns: 512,
+            park_cost_ns: None,
+        }
+    }
+}
+
+/// What [`AdaptiveConfig::verdict`] says about a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Too little evidence yet: keep the window open.
+    Accumulate,
+    /// Contention too rare for the budget to matter: leave it, start a new
+    /// window.
+    Keep,
+    /// Set the budget to this many ns.
+    Spin(u64),
+}
+
+impl AdaptiveConfig {
+    /// The decision for one window, given the park cost (ns). Pure.
+    pub fn verdict(&self, window: &WindowSummary, park_cost_ns: u64) -> Verdict {
+        let rare = (window.contended as f64) < self.min_contention_rate * window.acquisitions as f64;
+        if window.contended < self.min_contended || rare {
+            return if window.acquisitions >= self.max_quiet_window
+                || (rare && window.contended >= self.min_contended)
+            {
+                Verdict::Keep
+            } else {
+                Verdict::Accumulate
+            };
+        }
+        let hold = if window.hold_samples >= self.min_hold_samples {
+            window.hold_p90_ns
+        } else if window.acquisitions < self.max_quiet_window {
+            // Hold samples come 1 in 64 acquisitions by default: wait for
+            // enough of them unless sampling seems to be off.
+            return Verdict::Accumulate;
+        } else {
+            window.wait_p50_ns
+        };
+        let cap = park_cost_ns.clamp(self.min_spin_ns, PolicyWord::MAX_SPIN_NS);
+        Verdict::Spin(hold.saturating_mul(self.spin_holds).clamp(self.min_spin_ns, cap))
+    }
+}
+
+/// Measures the cost of parking a thread and waking it on this host, in
+/// ns: the median one-way hand-off of a futex ping-pong between two threads
+/// (64 round trips, ~2 ms of wall time, most of it asleep). It depends on
+/// load: on a virtual machine waking an idle virtual CPU costs tens of µs,
+/// waking a thread onto a busy one far less, so [`AdaptivePolicy`]
+/// re-measures every [`PARK_COST_TTL`].
+pub fn measure_park_cost_ns() -> u64 {
+    const ROUNDS: usize = 64;
+    let turn = Arc::new(AtomicU64::new(0));
+    let main = std::thread::current();
+    let helper = {
+        let turn = Arc::clone(&turn);
+        std::thread::Builder::new()
+            .name("subetha-parkcost".into())
+            .spawn(move || {
+                for round in 1..=ROUNDS as u64 {
+                    while turn.load(Ordering::Acquire) != 2 * round - 1 {
+                        std::thread::park();
+                    }
+                    turn.store(2 * round, Ordering::Release);
+                    main.unpark();
+                }
+            })
+    };
+    let Ok(helper) = helper else {
+        return DEFAULT_PARK_COST_NS;
+    };
+    let mut trips = Vec::with_capacity(ROUNDS);
+    for round in 1..=ROUNDS as u64 {
+        // Let the helper fall asleep, so each hand-off really wakes it.
+        std::thread::sleep(Duration::from_micros(50));
+        let started = Instant::now();
+        turn.store(2 * round - 1, Ordering::Release);
+        helper.thread().unpark();
+        while turn.load(Ordering::Acquire) != 2 * round {
+            std::thread::park();
+        }
+        trips.push(started.elapsed().as_nanos() as u64);
+    }
+    let _ = helper.join();
+    trips.sort_unstable();
+    (trips[ROUNDS / 2] / 2).max(1)
+}
+
+/// Park cost assumed if it cannot be measured.
+const DEFAULT_PARK_COST_NS: u64 = 10_000;
+/// How long [`AdaptivePolicy`] trusts a park-cost measurement.
+pub const PARK_COST_TTL: Duration = Duration::from_secs(10);
+
+/// What one window of an adaptive lock's statistics says (ns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowSummary {
+    /// `lock` + `try_lock` acquisitions.
+    pub acquisitions: u64,
+    /// Contended `lock`s.
+    pub contended: u64,
+    /// Of those, how many exhausted the spin budget.
+    pub parked: u64,
+    /// Sampled hold times.
+    pub hold_samples: u64,
+    /// Hold time p50.
+    pub hold_p50_ns: u64,
+    /// Hold time p90.
+    pub hold_p90_ns: u64,
+    /// Contended wait p50.
+    pub wait_p50_ns: u64,
+}
+
+impl WindowSummary {
+    /// Summarises the observations in `now` that are not in `base`.
+    pub fn between(base: &InstanceStats, now: &InstanceStats) -> Self {
+        let delta = now.delta_since(base);
+        let cal = clock::calibration();
+        let op = |k| delta.op(k);
+        let ops = |k| op(k).map_or(0, |o| o.ops);
+        let quantile = |k, q| {
+            op(k)
+                .and_then(|o| o.latency.as_ref())
+                .map_or(0, |h| cal.ticks_to_ns(h.value_at_quantile(q)))
+        };
+        Self {
+            acquisitions: ops(mutex::op::LOCK) + ops(mutex::op::TRY_LOCK),
+            contended: op(mutex::op::LOCK).map_or(0, |o| o.contended),
+            parked: ops(mutex::op::PARK),
+            hold_samples: op(mutex::op::UNLOCK)
+                .and_then(|o| o.latency.as_ref())
+                .map_or(0, |h| h.count()),
+            hold_p50_ns: quantile(mutex::op::UNLOCK, 0.5),
+            hold_p90_ns: quantile(mutex::op::UNLOCK, 0.9),
+            wait_p50_ns: quantile(mutex::op::LOCK, 0.5),
+        }
+    }
+}
+
+/// The built-in policy of [`AdaptiveMutex`] (kind 7): sets the `SPIN` field
+/// of the policy word from each window's contention and hold times.
+pub struct AdaptivePolicy {
+    config: AdaptiveConfig,
+    /// The latest park-cost measurement and when it was taken.
+    park_cost: Option<(u64, Instant)>,
+    /// Window start per tag (index 0 unused).
+    windows: Vec<Option<Window>>,
+    next_tag: u8,
+    decisions: u64,
+}
+
+struct Window {
+    base: InstanceStats,
+    first_seen_ns: Option<u64>,
+}
+
+impl Default for AdaptivePolicy {
+    fn default() -> Self {
+        Self::new(AdaptiveConfig::default())
+    }
+}
+
+impl fmt::Debug for AdaptivePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptivePolicy")
+            .field("config", &self.config)
+            .field("tracked", &self.windows.iter().flatten().count())
+            .field("decisions", &self.decisions)
+            .finish()
+    }
+}
+
+impl AdaptivePolicy {
+    /// A policy with these thresholds.
+    pub fn new(config: AdaptiveConfig) -> Self {
+        Self {
+            config,
+            park_cost: None,
+            windows: (0..256).map(|_| None).collect(),
+            next_tag: 0,
+            decisions: 0,
+        }
+    }
+
+    /// Budget decisions made so far.
+    pub fn decisions(&self) -> u64 {
+        self.decisions
+    }
+
+    fn fresh_tag(&mut self) -> u8 {
+        self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
+        self.next_tag
+    }
+
+    /// The park cost in use: configured, or measured within
+    /// [`PARK_COST_TTL`].
+    pub fn park_cost_ns(&mut self) -> u64 {
+        if let Some(configured) = self.config.park_cost_ns {
+            return configured;
+        }
+        match self.park_cost {
+            Some((ns, at)) if at.elapsed() < PARK_COST_TTL => ns,
+            _ => {
+                let ns = measure_park_cost_ns();
+                self.park_cost = Some((ns, Instant::now()));
+                ns
+            }
+        }
+    }
+}
+
+impl Policy for AdaptivePolicy {
+    fn applies_to(&self, kind: u16) -> bool {
+        kind == KIND.code
+    }
+
+    fn decide(&mut self, stats: &InstanceStats, current: u32) -> Option<u32> {
+        let word = PolicyWord(current);
+        let mut tag = word.tag();
+        let known = tag != 0
+            && self.windows[usize::from(tag)].as_ref().is_some_and(|w| {
+                w.first_seen_ns == stats.first_seen_ns() && w.base.total_ops() <= stats.total_ops()
+            });
+        if !known {
+            tag = self.fresh_tag();
+            self.windows[usize::from(tag)] = Some(Window {
+                base: InstanceStats::new(),
+                first_seen_ns: stats.first_seen_ns(),
+            });
+        }
+        let park_cost = self.park_cost_ns();
+        let window = self.windows[usize::from(tag)]
+            .as_mut()
+            .expect("window installed above");
+        let mut new = word.with_tag(tag);
+        match self
+            .config
+            .verdict(&WindowSummary::between(&window.base, stats), park_cost)
+        {
+            Verdict::Accumulate => {}
+            Verdict::Keep => window.base = stats.clone(),
+            Verdict::Spin(budget) => {
+                window.base = stats.clone();
+                self.decisions += 1;
+                if !word.spin_pinned() {
+                    new = new.with_spin_ns(budget);
+                }
+            }
+        }
+        (new != word).then_some(new.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::super::test_support::{init, op, unique, wait_for};
+    use super::super::{CONTENDED, policy_word, set_policy_word};
+    use super::*;
+
+    fn ns(ns: u64) -> u64 {
+        clock::calibration().ns_to_ticks(ns)
+    }
+
+    /// `n` contended locks waiting `wait_ns` and `n` holds of `hold_ns`.
+    fn stats(n: u64, hold_ns: u64, wait_ns: u64) -> InstanceStats {
+        let mut s = InstanceStats::new();
+        for _ in 0..n {
+            s.record(mutex::op::LOCK, CONTENDED, ns(wait_ns), 1);
+            s.record(mutex::op::LOCK, 0, 0, 2);
+            s.record(mutex::op::UNLOCK, 0, ns(hold_ns), 1);
+        }
+        s.touch(42);
+        s
+    }
+
+    const PARK_COST: u64 = 12_000;
+
+    fn config() -> AdaptiveConfig {
+        AdaptiveConfig {
+            park_cost_ns: Some(PARK_COST),
+            ..AdaptiveConfig::default()
+        }
+    }
+
+    fn spin(v: Verdict) -> u64 {
+        match v {
+            Verdict::Spin(ns) => ns,
+            other => panic!("no budget: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn budget_follows_hold_times_up_to_the_park_cost() {
+        let c = config();
+        let short = WindowSummary::between(&InstanceStats::new(), &stats(100, 500, 900));
+        assert_eq!(short.contended, 100);
+        assert_eq!(short.acquisitions, 200);
+        assert_eq!(short.hold_samples, 100);
+        // 4 × ~500 ns, within the histogram's error.
+        let budget = spin(c.verdict(&short, PARK_COST));
+        assert!((1_900..=2_100).contains(&budget), "{budget}");
+        // Tiny holds: the floor.
+        let tiny = WindowSummary::between(&InstanceStats::new(), &stats(100, 20, 50));
+        assert_eq!(c.verdict(&tiny, PARK_COST), Verdict::Spin(c.min_spin_ns));
+        // Long holds: spin for as long as a park costs, then park.
+        let long = WindowSummary::between(&InstanceStats::new(), &stats(100, 200_000, 300_000));
+        assert_eq!(c.verdict(&long, PARK_COST), Verdict::Spin(PARK_COST));
+        // … where parking is cheap, that is a short spin.
+        assert_eq!(c.verdict(&long, 2_000), Verdict::Spin(2_000));
+        // Too little evidence.
+        let few = WindowSummary::between(&InstanceStats::new(), &stats(3, 500, 900));
+        assert_eq!(c.verdict(&few, PARK_COST), Verdict::Accumulate);
+        // Without hold samples the contended waits stand in.
+        let mut waits = InstanceStats::new();
+        for _ in 0..100 {
+            waits.record(mutex::op::LOCK, CONTENDED, ns(2_000), 1);
+        }
+        let w = WindowSummary::between(&InstanceStats::new(), &waits);
+        assert_eq!(
+            c.verdict(&w, PARK_COST),
+            Verdict::Accumulate,
+            "waits for hold samples"
+        );
+        for _ in 0..c.max_quiet_window {
+            waits.record(mutex::op::TRY_LOCK, 0, 0, 1);
+        }
+        let w = WindowSummary::between(&InstanceStats::new(), &waits);
+        let budget = spin(c.verdict(&w, PARK_COST));
+        assert!((7_800..=8_400).contains(&budget), "{budget}");
+        // Contention too rare to matter: leave the budget, new window.
+        let mut rare = stats(20, 500, 900);
+        for _ in 0..100_000 {
+            rare.record(mutex::op::LOCK, 0, 0, 1);
+        }
+        let r = WindowSummary::between(&InstanceStats::new(), &rare);
+        assert_eq!(c.verdict(&r, PARK_COST), Verdict::Keep);
+        // A long window without contention is closed too.
+        let mut quiet = InstanceStats::new();
+        quiet.record(mutex::op::LOCK, CONTENDED, ns(1_000), 1);
+        for _ in 0..c.max_quiet_window {
+            quiet.record(mutex::op::LOCK, 0, 0, 1);
+        }
+        let q = WindowSummary::between(&InstanceStats::new(), &quiet);
+        assert_eq!(c.verdict(&q, PARK_COST), Verdict::Keep);
+    }
+
+    #[test]
+    fn policy_uses_windows_and_respects_the_pin() {
+        let mut p = AdaptivePolicy::new(config());
+        assert!(p.applies_to(7) && !p.applies_to(1));
+        let mut s = stats(100, 500, 900);
+        let w1 = PolicyWord(p.decide(&s, 0).expect("decides"));
+        assert_ne!(w1.tag(), 0);
+        let b1 = w1.spin_ns().unwrap();
+        assert!((1_792..=2_304).contains(&b1), "{b1}");
+        // Unchanged stats: nothing new in the window, nothing to do.
+        assert_eq!(p.decide(&s, w1.0), None);
+        // The lock's holds grow long: the next window caps the spin at the
+        // park cost (over both windows the p90 would still be short-ish).
+        for _ in 0..100 {
+            s.record(mutex::op::LOCK, CONTENDED, ns(300_000), 1);
+            s.record(mutex::op::UNLOCK, 0, ns(200_000), 1);
+        }
+        let w2 = PolicyWord(p.decide(&s, w1.0).expect("decides"));
+        assert_eq!(w2.tag(), w1.tag());
+        assert_eq!(
+            w2.spin_ns(),
+            PolicyWord::default().with_spin_ns(PARK_COST).spin_ns()
+        );
+        assert_eq!(p.decisions(), 2);
+        // A pinned budget is left alone (the tag is still assigned).
+        let pinned = PolicyWord::default().with_spin_ns(20_000).with_spin_pinned(true);
+        let w3 = PolicyWord(p.decide(&stats(100, 500, 900), pinned.0).expect("tags"));
+        assert_eq!(w3.spin_ns(), pinned.spin_ns());
+        assert!(w3.spin_pinned() && w3.tag() != 0);
+        // Other fields are preserved.
+        let sampled = PolicyWord::default().with_sample_every(4);
+        let w4 = PolicyWord(p.decide(&stats(100, 500, 900), sampled.0).unwrap());
+        assert_eq!(w4.sample_shift(), Some(2));
+    }
+
+    #[test]
+    fn park_cost_is_measured_and_cached() {
+        let mut p = AdaptivePolicy::default();
+        let cost = p.park_cost_ns();
+        assert!((100..10_000_000).contains(&cost), "{cost} ns");
+        assert_eq!(p.park_cost_ns(), cost, "cached for {PARK_COST_TTL:?}");
+        assert_eq!(AdaptivePolicy::new(config()).park_cost_ns(), PARK_COST);
+    }
+
+    #[test]
+    fn zero_budget_parks_and_counts_park_ops() {
+        let name = unique("adaptive-park");
+        let m = Arc::new(AdaptiveMutex::named(&name, 0u32));
+        let id = m.instance_id().unwrap();
+        set_policy_word(id, PolicyWord::default().with_spin_ns(0).with_spin_pinned(true));
+        m.refresh_policy();
+        contend(&m, 2, Duration::from_millis(2), 5);
+        let r = wait_for(&name, |r| op(r, mutex::op::LOCK).1 >= 1);
+        let (_, contended, _, _) = op(&r, mutex::op::LOCK);
+        let (parks, park_contended, _, park_latencies) = op(&r, mutex::op::PARK);
+        // Every contended acquisition fell back to parking.
+        assert_eq!(parks, contended);
+        assert_eq!((park_contended, park_latencies), (parks, parks));
+    }
+
+    /// `threads` threads each take the lock `rounds` times and hold it for
+    /// `hold` (sleeping), so the others really block.
+    fn contend(m: &Arc<AdaptiveMutex<u32>>, threads: usize, hold: Duration, rounds: usize) {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let m = Arc::clone(m);
+                std::thread::spawn(move || {
+                    for _ in 0..rounds {
+                        let mut g = m.lock();
+                        *g += 1;
+                        std::thread::sleep(hold);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn builtin_policy_sets_a_budget_through_the_sidecar() {
+        init();
+        let name = unique("adaptive-policy");
+        let m = Arc::new(AdaptiveMutex::named(&name, 0u32));
+        let id = m.instance_id().unwrap();
+        // Short holds under contention from two threads until the policy
+        // (run by the sidecar every 10 ms) has written a budget.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let (m, stop) = (Arc::clone(&m), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        {
+                            let mut g = m.lock();
+                            for _ in 0..200 {
+                                *g = std::hint::black_box(*g + 1);
+                            }
+                        }
+                        for _ in 0..200 {
+                            std::hint::black_box(0u32);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let word = loop {
+            let word = PolicyWord(policy_word(id).unwrap());
+            if word.spin_ns().is_some() || Instant::now() > deadline {
+                break word;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_ne!(word.tag(), 0, "policy never ran: {word:?}");
+        let budget = word.spin_ns().expect("a budget was set");
+        assert!(budget <= PolicyWord::MAX_SPIN_NS, "{budget}");
+    }
+
+    #[test]
+    fn apply_policy_drives_a_private_drainer() {
+        use crate::segment::{Segment, SegmentConfig};
+        let segment = Box::leak(Box::new(
+            Segment::create(SegmentConfig {
+                instances: 4,
+                ring_slots: 1,
+            })
+            .unwrap(),
+        ));
+        let view: &'static SegmentView = segment.view();
+        let id = crate::registry::register_instance(view, KIND, "private").unwrap();
+        let mut drainer = Drainer::attach(view).unwrap();
+        let slot = view.ring_slot(0).unwrap();
+        slot.thread_id.store(1, Ordering::Relaxed);
+        slot.state
+            .store(crate::segment::slot_state::ACTIVE, Ordering::Release);
+        view.live().rings_high_water.fetch_max(1, Ordering::AcqRel);
+        let ring = &slot.ring;
+        for _ in 0..100 {
+            ring.push(crate::Observation::new(id, mutex::op::LOCK, CONTENDED, ns(900)));
+            ring.push(crate::Observation::new(id, mutex::op::UNLOCK, 0, ns(500)));
+        }
+        drainer.scan();
+        let mut policy = AdaptivePolicy::new(config());
+        assert_eq!(apply_policy(&drainer, &mut policy), 1);
+        let word = PolicyWord(drainer.policy(id).unwrap());
+        assert!(word.spin_ns().is_some_and(|b| b > 0), "{word:?}");
+    }
+}

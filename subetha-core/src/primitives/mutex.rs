@@ -1,0 +1,927 @@
+//! [`Mutex`]: `parking_lot::Mutex` with observations.
+//!
+//! Kind code 1 (`mutex`). Ops: `lock` (1, C + wait when it had to wait),
+//! `try_lock` (2, M when it failed; the timed variants set C and record the
+//! wait, M when they time out), `unlock` (3, sampled hold time). See the
+//! [table](super#op-kinds).
+//!
+//! Built on [`lock_api`] with [`RawMutex`], whose lock word and slow path
+//! are `parking_lot`'s (the same algorithm, on `parking_lot_core`, so the
+//! two behave alike under contention: a brief exponential spin while nobody
+//! is parked, then parking, with `parking_lot`'s eventual fairness). Guards
+//! are `lock_api` guards, so `map`, `unlocked`, `unlock_fair`, `bump` and
+//! `leak` all work. The uncontended `lock` is one compare-and-swap, one
+//! counter increment under the lock and one ring push; no clock is read.
+//! Only when the compare-and-swap fails does the slow path take a
+//! timestamp, and it records the whole wait when it gets the lock.
+//!
+//! An acquisition's observation is pushed when the lock is released, just
+//! after the release, so the ring push is not part of the critical section
+//! (a lock held for a long time shows its `lock` only at release; the
+//! recorded wait is still measured at acquisition).
+//!
+//! `lock_api::Mutex::<RawMutex, T>::new` (the raw `INIT`) and
+//! [`Mutex::unobserved`] build an unobserved mutex (no instance), usable in
+//! `static`s.
+
+use std::cell::Cell;
+use std::fmt;
+use std::hint;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_api::GuardNoSend;
+use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
+
+use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, adaptive, since};
+use crate::clock;
+use crate::registry::InstanceKind;
+
+/// The kind [`Mutex`] registers.
+pub const KIND: InstanceKind = InstanceKind {
+    code: 1,
+    name: "mutex",
+    ops: &["lock", "try_lock", "unlock"],
+};
+
+/// Op kinds of [`Mutex`] (and [`AdaptiveMutex`](super::AdaptiveMutex)).
+pub mod op {
+    /// Blocking acquisition.
+    pub const LOCK: u16 = 1;
+    /// `try_lock` and its timed variants.
+    pub const TRY_LOCK: u16 = 2;
+    /// A sampled release; latency = hold time.
+    pub const UNLOCK: u16 = 3;
+    /// ([`AdaptiveMutex`](crate::AdaptiveMutex) only) the spin budget ran out.
+    pub const PARK: u16 = 4;
+}
+
+/// The lock word's bits (as in `parking_lot`).
+const LOCKED_BIT: u8 = 0b01;
+/// Some thread is (or may be) parked on the lock.
+const PARKED_BIT: u8 = 0b10;
+/// Unpark token: try to take the lock again.
+const TOKEN_NORMAL: UnparkToken = UnparkToken(0);
+/// Unpark token: the lock was handed to the woken thread, still locked.
+const TOKEN_HANDOFF: UnparkToken = UnparkToken(1);
+/// `pause`s between two polls of the lock word while an adaptive lock spins
+/// (~40 ns on current x86): a release is seen at once, and the spinning
+/// waiter only reads the word, so it does not steal the line from the owner.
+const PAUSES_PER_POLL: u32 = 4;
+
+/// Latency bits of a packed observation (2^59 ticks is years).
+const LATENCY_MASK: u64 = (1 << 59) - 1;
+
+/// An acquisition's observation in one word: latency in bits 0–58, op kind
+/// (1..=7) in 59–61, flags in 62–63. Never 0 (op kinds start at 1).
+#[inline(always)]
+const fn pack(op: u16, flags: u16, latency: u64) -> u64 {
+    let latency = if latency > LATENCY_MASK {
+        LATENCY_MASK
+    } else {
+        latency
+    };
+    latency | ((op as u64 & 7) << 59) | ((flags as u64 & 3) << 62)
+}
+
+#[inline(always)]
+const fn unpack(word: u64) -> (u16, u16, u64) {
+    (
+        ((word >> 59) & 7) as u16,
+        (word >> 62) as u16,
+        word & LATENCY_MASK,
+    )
+}
+
+/// How the slow path waits before parking.
+#[derive(Clone, Copy)]
+enum Spin {
+    /// `parking_lot`'s: a few exponential rounds, only while nobody is
+    /// parked.
+    ParkingLot,
+    /// Poll until this tick (the adaptive budget), parked threads or not.
+    Until(u64),
+}
+
+/// The raw lock behind [`Mutex`] and [`AdaptiveMutex`](super::AdaptiveMutex):
+/// `parking_lot`'s lock word plus the bookkeeping of one instance.
+pub struct RawMutex {
+    state: AtomicU8,
+    /// Spin before parking with the budget from the policy word.
+    adaptive: bool,
+    /// Acquisitions so far (wrapping). Only touched by the lock holder.
+    acquisitions: Cell<u32>,
+    /// The current hold's acquisition observation, pushed when the lock is
+    /// released ([`pack`]; 0 = none). Only touched by the lock holder.
+    pending: Cell<u64>,
+    /// Ticks when a sampled hold began, 0 when this hold is not sampled.
+    /// Only touched by the lock holder.
+    hold_start: Cell<u64>,
+    sampler: Sampler,
+    probe: Probe,
+}
+
+// SAFETY: the `Cell` fields are only read and written by the thread that
+// holds the lock (after acquiring it, before releasing it), so accesses
+// from different threads are ordered by the lock word's Acquire/Release;
+// all other fields are `Sync`.
+unsafe impl Sync for RawMutex {}
+
+impl fmt::Debug for RawMutex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawMutex")
+            .field("instance_id", &self.probe.id())
+            .field("adaptive", &self.adaptive)
+            .field("locked", &self.is_locked_raw())
+            .finish()
+    }
+}
+
+impl RawMutex {
+    const fn unobserved(adaptive: bool) -> Self {
+        Self {
+            state: AtomicU8::new(0),
+            adaptive,
+            acquisitions: Cell::new(0),
+            pending: Cell::new(0),
+            hold_start: Cell::new(0),
+            sampler: Sampler::new(),
+            probe: Probe::NONE,
+        }
+    }
+
+    /// A raw mutex registered as an instance of `kind`.
+    pub(crate) fn register(
+        kind: InstanceKind,
+        name: Option<&str>,
+        site: &'static Location<'static>,
+        adaptive: bool,
+    ) -> Self {
+        let raw = Self {
+            probe: Probe::register(kind, name, site),
+            ..Self::unobserved(adaptive)
+        };
+        raw.refresh_policy();
+        raw
+    }
+
+    /// The instance id, `None` when unobserved.
+    pub fn instance_id(&self) -> Option<u32> {
+        self.probe.id()
+    }
+
+    /// Re-reads the policy word now (normally done every
+    /// [`REFRESH_EVERY`](super::REFRESH_EVERY) acquisitions and on every
+    /// contended one) and returns it.
+    pub fn refresh_policy(&self) -> PolicyWord {
+        let word = self.probe.policy_word();
+        self.sampler.apply(word);
+        word
+    }
+
+    fn is_locked_raw(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & LOCKED_BIT != 0
+    }
+
+    /// The uncontended acquisition: one compare-and-swap.
+    #[inline(always)]
+    fn lock_fast(&self) -> bool {
+        self.state
+            .compare_exchange(0, LOCKED_BIT, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes the lock if it is free, parked threads or not.
+    #[inline]
+    fn try_lock_raw(&self) -> bool {
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            if state & LOCKED_BIT != 0 {
+                return false;
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                state | LOCKED_BIT,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// Releases the lock (no bookkeeping).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the lock.
+    #[inline(always)]
+    unsafe fn unlock_raw(&self, fair: bool) {
+        if self
+            .state
+            .compare_exchange(LOCKED_BIT, 0, Ordering::Release, Ordering::Relaxed)
+            .is_err()
+        {
+            self.unlock_slow(fair);
+        }
+    }
+
+    /// Bookkeeping right after an acquisition: counts it, leaves its
+    /// observation for the release to push, and every so often samples the
+    /// hold or re-reads the policy word. `now` is a tick reading taken at
+    /// acquisition, or 0.
+    #[inline(always)]
+    fn acquired(&self, op: u16, flags: u16, latency: u64, now: u64) {
+        let n = self.acquisitions.get().wrapping_add(1);
+        self.acquisitions.set(n);
+        self.pending.set(pack(op, flags, latency));
+        if n & self.sampler.check_mask() == 0 {
+            self.bookkeeping(n, now);
+        }
+    }
+
+    /// Pushes a hold's acquisition observation (after the release).
+    #[inline(always)]
+    fn emit_pending(&self, pending: u64) {
+        if pending != 0 {
+            let (op, flags, latency) = unpack(pending);
+            self.probe.emit(op, flags, latency);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bookkeeping(&self, n: u32, now: u64) {
+        if Sampler::wants_refresh(n) {
+            self.refresh_policy();
+        }
+        if self.sampler.wants_sample(n) {
+            self.hold_start
+                .set(if now != 0 { now } else { clock::ticks() }.max(1));
+        }
+    }
+
+    /// The contended `lock`: waits, then records the wait.
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        let start = clock::ticks();
+        let spin = self.spin_policy(start);
+        let (_, parked_at) = self.lock_slow(spin, None);
+        let now = clock::ticks();
+        if parked_at != 0 {
+            self.probe
+                .emit(op::PARK, CONTENDED, now.saturating_sub(parked_at).max(1));
+        }
+        self.acquired(op::LOCK, CONTENDED, now.saturating_sub(start).max(1), now);
+    }
+
+    /// The contended timed `try_lock`: waits until `deadline`, records the
+    /// wait (C, and M when it timed out).
+    #[cold]
+    #[inline(never)]
+    fn try_lock_timed(&self, deadline: Option<Instant>) -> bool {
+        let start = clock::ticks();
+        let spin = self.spin_policy(start);
+        let (acquired, _) = self.lock_slow(spin, deadline);
+        let now = clock::ticks();
+        let waited = now.saturating_sub(start).max(1);
+        if acquired {
+            self.acquired(op::TRY_LOCK, CONTENDED, waited, now);
+        } else {
+            self.probe.emit(op::TRY_LOCK, CONTENDED | MISS, waited);
+        }
+        acquired
+    }
+
+    /// Re-reads the policy word if a slow path has not for a while, and
+    /// picks the spin.
+    fn spin_policy(&self, start: u64) -> Spin {
+        let word = if self.sampler.slow_path_due(start) {
+            self.refresh_policy()
+        } else {
+            self.sampler.word()
+        };
+        if self.adaptive {
+            Spin::Until(adaptive::spin_deadline(start, word))
+        } else {
+            Spin::ParkingLot
+        }
+    }
+
+    /// `parking_lot`'s lock slow path with a choice of spin. Returns whether
+    /// the lock was taken (false: `deadline` passed) and the tick at which
+    /// this thread first parked (0 if it never did; only read for adaptive
+    /// locks).
+    fn lock_slow(&self, spin: Spin, deadline: Option<Instant>) -> (bool, u64) {
+        let mut spinwait = SpinWait::new();
+        let mut parked_at = 0;
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            // Take the lock if it is free, even if others are parked.
+            if state & LOCKED_BIT == 0 {
+                match self.state.compare_exchange_weak(
+                    state,
+                    state | LOCKED_BIT,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return (true, parked_at),
+                    Err(now) => state = now,
+                }
+                continue;
+            }
+            let spin_more = match spin {
+                Spin::ParkingLot => state & PARKED_BIT == 0 && spinwait.spin(),
+                Spin::Until(until) => {
+                    clock::ticks() < until && {
+                        for _ in 0..PAUSES_PER_POLL {
+                            hint::spin_loop();
+                        }
+                        true
+                    }
+                }
+            };
+            if spin_more {
+                state = self.state.load(Ordering::Relaxed);
+                continue;
+            }
+            // Announce a parked thread, then park.
+            if state & PARKED_BIT == 0
+                && let Err(now) = self.state.compare_exchange_weak(
+                    state,
+                    state | PARKED_BIT,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+            {
+                state = now;
+                continue;
+            }
+            if self.adaptive && parked_at == 0 {
+                parked_at = clock::ticks().max(1);
+            }
+            let addr = self as *const Self as usize;
+            let validate = || self.state.load(Ordering::Relaxed) == LOCKED_BIT | PARKED_BIT;
+            let timed_out = |_, was_last_thread| {
+                // Clear the parked bit if we were the last parked thread.
+                if was_last_thread {
+                    self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
+                }
+            };
+            // SAFETY: `addr` is this lock's address, which only this lock
+            // parks and unparks on; `validate` and `timed_out` only touch
+            // the lock word (they neither panic nor call into
+            // `parking_lot_core`), and the empty `before_sleep` does not
+            // park.
+            let result = unsafe {
+                parking_lot_core::park(addr, validate, || {}, timed_out, DEFAULT_PARK_TOKEN, deadline)
+            };
+            match result {
+                // The unlocking thread handed the lock over, still locked.
+                ParkResult::Unparked(TOKEN_HANDOFF) => return (true, parked_at),
+                ParkResult::Unparked(_) | ParkResult::Invalid => {}
+                ParkResult::TimedOut => return (false, parked_at),
+            }
+            spinwait.reset();
+            state = self.state.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Wakes one parked thread; with `force_fair` (or `parking_lot_core`'s
+    /// periodic fairness) hands it the lock directly.
+    #[cold]
+    #[inline(never)]
+    fn unlock_slow(&self, force_fair: bool) {
+        let addr = self as *const Self as usize;
+        let callback = |result: UnparkResult| {
+            if result.unparked_threads != 0 && (force_fair || result.be_fair) {
+                // Keep the lock locked for the woken thread; clear the
+                // parked bit if nobody else waits.
+                if !result.have_more_threads {
+                    self.state.store(LOCKED_BIT, Ordering::Relaxed);
+                }
+                return TOKEN_HANDOFF;
+            }
+            // Release; keep the parked bit only if others still wait.
+            if result.have_more_threads {
+                self.state.store(PARKED_BIT, Ordering::Release);
+            } else {
+                self.state.store(0, Ordering::Release);
+            }
+            TOKEN_NORMAL
+        };
+        // SAFETY: `addr` is this lock's address (see `lock_slow`); the
+        // callback only stores to the lock word and does not panic or call
+        // into `parking_lot_core`.
+        unsafe {
+            parking_lot_core::unpark_one(addr, callback);
+        }
+    }
+
+    /// Releases a hold that was sampled and records its length.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the lock.
+    #[cold]
+    #[inline(never)]
+    unsafe fn unlock_sampled(&self, start: u64, pending: u64, fair: bool) {
+        self.hold_start.set(0);
+        let held = since(start);
+        // SAFETY: the caller holds the lock.
+        unsafe { self.unlock_raw(fair) };
+        self.emit_pending(pending);
+        self.probe.emit(op::UNLOCK, 0, held);
+    }
+
+    /// Releases the lock, then pushes what the hold recorded.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the lock.
+    #[inline(always)]
+    unsafe fn release(&self, fair: bool) {
+        // Read while still holding the lock: the fields are the holder's.
+        let pending = self.pending.get();
+        let start = self.hold_start.get();
+        if start == 0 {
+            // SAFETY: forwarded: the caller holds the lock.
+            unsafe { self.unlock_raw(fair) };
+            self.emit_pending(pending);
+        } else {
+            // SAFETY: forwarded: the caller holds the lock.
+            unsafe { self.unlock_sampled(start, pending, fair) }
+        }
+    }
+
+    /// `try_lock` without an observation (for `Debug`).
+    fn try_lock_quiet(&self) -> bool {
+        let acquired = self.try_lock_raw();
+        if acquired {
+            self.pending.set(0);
+            self.hold_start.set(0);
+        }
+        acquired
+    }
+}
+
+// SAFETY: `state` implements `parking_lot`'s mutex protocol: the lock is
+// held exactly while LOCKED_BIT is set by the holder's successful Acquire
+// CAS (or a fair hand-off), and released by a Release store or CAS.
+unsafe impl lock_api::RawMutex for RawMutex {
+    /// An unobserved raw mutex (no instance).
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = Self::unobserved(false);
+    type GuardMarker = GuardNoSend;
+
+    #[inline]
+    fn lock(&self) {
+        if self.lock_fast() {
+            self.acquired(op::LOCK, 0, 0, 0);
+        } else {
+            self.lock_contended();
+        }
+    }
+
+    #[inline]
+    fn try_lock(&self) -> bool {
+        if self.try_lock_raw() {
+            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            true
+        } else {
+            self.probe.emit(op::TRY_LOCK, MISS, 0);
+            false
+        }
+    }
+
+    #[inline]
+    unsafe fn unlock(&self) {
+        // SAFETY: forwarded: the caller holds the lock.
+        unsafe { self.release(false) }
+    }
+
+    #[inline]
+    fn is_locked(&self) -> bool {
+        self.is_locked_raw()
+    }
+}
+
+// SAFETY: as for `RawMutex`: `parking_lot`'s fair release and bump.
+unsafe impl lock_api::RawMutexFair for RawMutex {
+    #[inline]
+    unsafe fn unlock_fair(&self) {
+        // SAFETY: forwarded: the caller holds the lock.
+        unsafe { self.release(true) }
+    }
+
+    /// Hands the lock to a parked thread, if any, and takes it back,
+    /// unobserved: a sampled hold keeps running across the bump.
+    #[inline]
+    unsafe fn bump(&self) {
+        if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
+            self.unlock_slow(true);
+            if !self.lock_fast() {
+                self.lock_slow(Spin::ParkingLot, None);
+            }
+        }
+    }
+}
+
+// SAFETY: as for `RawMutex`.
+unsafe impl lock_api::RawMutexTimed for RawMutex {
+    type Duration = Duration;
+    type Instant = Instant;
+
+    #[inline]
+    fn try_lock_for(&self, timeout: Duration) -> bool {
+        if self.lock_fast() {
+            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            return true;
+        }
+        self.try_lock_timed(Instant::now().checked_add(timeout))
+    }
+
+    #[inline]
+    fn try_lock_until(&self, timeout: Instant) -> bool {
+        if self.lock_fast() {
+            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            return true;
+        }
+        self.try_lock_timed(Some(timeout))
+    }
+}
+
+/// A guard of [`Mutex`] (a `lock_api` guard: `map`, `unlocked`,
+/// `unlock_fair`, `bump`, `leak` …).
+pub type MutexGuard<'a, T> = lock_api::MutexGuard<'a, RawMutex, T>;
+/// A guard of [`Mutex`] mapped to a part of the data.
+pub type MappedMutexGuard<'a, T> = lock_api::MappedMutexGuard<'a, RawMutex, T>;
+
+/// A mutual-exclusion lock, `parking_lot::Mutex` with observations (kind 1).
+///
+/// ```
+/// use std::time::Duration;
+/// use subetha_core::Mutex;
+///
+/// let cache = Mutex::named("cache", 0u32);
+/// *cache.lock() += 1;
+/// if let Some(mut g) = cache.try_lock_for(Duration::from_millis(5)) {
+///     *g += 1;
+/// }
+/// assert_eq!(cache.into_inner(), 2);
+/// ```
+pub struct Mutex<T: ?Sized> {
+    inner: lock_api::Mutex<RawMutex, T>,
+}
+
+impl<T> Mutex<T> {
+    /// A mutex named after its creation site.
+    #[track_caller]
+    pub fn new(value: T) -> Self {
+        Self::from_raw(RawMutex::register(KIND, None, Location::caller(), false), value)
+    }
+
+    /// A mutex named `name` (1..=64 bytes; longer is cut, control characters
+    /// become `?`, empty means "name after the creation site").
+    #[track_caller]
+    pub fn named(name: &str, value: T) -> Self {
+        Self::from_raw(
+            RawMutex::register(KIND, Some(name), Location::caller(), false),
+            value,
+        )
+    }
+
+    /// A mutex without an instance: nothing is observed. `const`, so it can
+    /// initialise a `static`.
+    pub const fn unobserved(value: T) -> Self {
+        Self::from_raw(RawMutex::unobserved(false), value)
+    }
+
+    pub(crate) const fn from_raw(raw: RawMutex, value: T) -> Self {
+        Self {
+            inner: lock_api::Mutex::from_raw(raw, value),
+        }
+    }
+
+    /// Consumes the mutex (unregistering its instance) and returns the data.
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner()
+    }
+}
+
+impl<T: ?Sized> Mutex<T> {
+    /// Acquires the lock, blocking while another thread holds it.
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.inner.lock()
+    }
+
+    /// Acquires the lock if it is free.
+    #[inline]
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        self.inner.try_lock()
+    }
+
+    /// Acquires the lock, waiting at most `timeout`.
+    #[inline]
+    pub fn try_lock_for(&self, timeout: Duration) -> Option<MutexGuard<'_, T>> {
+        self.inner.try_lock_for(timeout)
+    }
+
+    /// Acquires the lock, waiting until `deadline` at most.
+    #[inline]
+    pub fn try_lock_until(&self, deadline: Instant) -> Option<MutexGuard<'_, T>> {
+        self.inner.try_lock_until(deadline)
+    }
+
+    /// Whether the lock is held (a racy hint; not observed).
+    #[inline]
+    pub fn is_locked(&self) -> bool {
+        self.inner.is_locked()
+    }
+
+    /// The data, through exclusive access (no locking, not observed).
+    #[inline]
+    pub fn get_mut(&mut self) -> &mut T {
+        self.inner.get_mut()
+    }
+
+    /// A raw pointer to the data (see `lock_api::Mutex::data_ptr`).
+    #[inline]
+    pub fn data_ptr(&self) -> *mut T {
+        self.inner.data_ptr()
+    }
+
+    /// Releases a lock whose guard was forgotten.
+    ///
+    /// # Safety
+    ///
+    /// The lock must be held by the current context through a forgotten
+    /// guard (see `lock_api::Mutex::force_unlock`).
+    #[inline]
+    pub unsafe fn force_unlock(&self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.force_unlock() }
+    }
+
+    /// Releases a lock whose guard was forgotten, fairly.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Mutex::force_unlock`].
+    #[inline]
+    pub unsafe fn force_unlock_fair(&self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.force_unlock_fair() }
+    }
+
+    /// A guard for a lock the current context already holds.
+    ///
+    /// # Safety
+    ///
+    /// The lock must be held (see `lock_api::Mutex::make_guard_unchecked`).
+    #[inline]
+    pub unsafe fn make_guard_unchecked(&self) -> MutexGuard<'_, T> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.make_guard_unchecked() }
+    }
+
+    /// The underlying `lock_api` mutex.
+    pub fn as_lock_api(&self) -> &lock_api::Mutex<RawMutex, T> {
+        &self.inner
+    }
+
+    fn raw(&self) -> &RawMutex {
+        // SAFETY: the raw lock is only used for its instance id, its policy
+        // cache and (in `Debug`) a try-lock whose success is turned into a
+        // guard at once, so no guard's view of the lock is invalidated.
+        unsafe { self.inner.raw() }
+    }
+
+    /// The instance id observations carry, `None` when unobserved.
+    pub fn instance_id(&self) -> Option<u32> {
+        self.raw().instance_id()
+    }
+
+    /// Re-reads the policy word now; returns it.
+    pub fn refresh_policy(&self) -> PolicyWord {
+        self.raw().refresh_policy()
+    }
+}
+
+impl<T: Default> Default for Mutex<T> {
+    #[track_caller]
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+impl<T> From<T> for Mutex<T> {
+    #[track_caller]
+    fn from(value: T) -> Self {
+        Self::new(value)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for Mutex<T> {
+    /// Like `parking_lot`'s, but without recording a `try_lock`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Mutex");
+        if self.raw().try_lock_quiet() {
+            // SAFETY: the quiet try-lock just acquired the lock; the guard
+            // releases it (through the instrumented unlock, which records
+            // nothing since `hold_start` was cleared).
+            let guard = unsafe { self.inner.make_guard_unchecked() };
+            d.field("data", &&*guard);
+        } else {
+            d.field("data", &format_args!("<locked>"));
+        }
+        d.field("instance_id", &self.instance_id()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier as StdBarrier};
+
+    use super::super::test_support::{is_retired, op, unique, wait_for};
+    use super::*;
+    use crate::Observation;
+
+    #[test]
+    fn uncontended_lock_emits_lock_without_latency_and_try_lock_misses() {
+        let name = unique("mutex-basic");
+        let m = Mutex::named(&name, 0u32);
+        set_sampling(&m, PolicyWord::default().with_sample_every(0));
+        for _ in 0..10 {
+            *m.lock() += 1;
+        }
+        let held = m.lock();
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock_for(Duration::from_millis(1)).is_none());
+        drop(held);
+        assert!(m.try_lock().is_some());
+        let r = wait_for(&name, |r| r.stats.total_ops() >= 14);
+        // 11 locks, none contended, no latency.
+        assert_eq!(op(&r, op::LOCK), (11, 0, 0, 0));
+        // try_lock: one miss, one timed-out (contended + miss, with its
+        // wait), one success.
+        assert_eq!(op(&r, op::TRY_LOCK), (3, 1, 2, 1));
+        // Sampling off: no hold times.
+        assert_eq!(op(&r, op::UNLOCK), (0, 0, 0, 0));
+        let timed_out = r.stats.op(op::TRY_LOCK).unwrap().latency().unwrap();
+        let ms = crate::clock::calibration().ns_to_ticks(1_000_000);
+        assert!(timed_out.max() >= ms * 9 / 10, "waited {} ticks", timed_out.max());
+    }
+
+    fn set_sampling<T>(m: &Mutex<T>, word: PolicyWord) {
+        assert!(super::super::set_policy_word(m.instance_id().unwrap(), word));
+        m.refresh_policy();
+    }
+
+    #[test]
+    fn contended_lock_records_the_wait_of_a_blocked_thread() {
+        let name = unique("mutex-contended");
+        let m = Arc::new(Mutex::named(&name, 0u32));
+        let start = Arc::new(StdBarrier::new(2));
+        let guard = m.lock();
+        let waiter = {
+            let (m, start) = (Arc::clone(&m), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                *m.lock() += 1; // blocks until the main thread lets go
+            })
+        };
+        start.wait();
+        // Let the waiter block (spin, then park) for a while.
+        std::thread::sleep(Duration::from_millis(30));
+        drop(guard);
+        waiter.join().unwrap();
+        let r = wait_for(&name, |r| {
+            r.stats.op(op::LOCK).is_some_and(|o| o.contended() >= 1)
+        });
+        let (ops, contended, misses, latencies) = op(&r, op::LOCK);
+        assert_eq!((ops, contended, misses, latencies), (2, 1, 0, 1));
+        let lock = r.stats.op(op::LOCK).unwrap();
+        let waited_ns = crate::clock::calibration().ticks_to_ns(lock.latency().unwrap().max());
+        assert!(waited_ns >= 25_000_000, "waited only {waited_ns} ns");
+        assert_eq!(lock.distinct_threads().count, 2);
+    }
+
+    /// Takes `m` `n` times in chunks small enough for the ring, waiting for
+    /// the sidecar to drain each chunk; returns the record afterwards.
+    fn lock_n(m: &Mutex<()>, name: &str, n: u64) -> crate::drain::InstanceRecord {
+        let mut done = 0;
+        let mut record = None;
+        while done < n {
+            let chunk = (n - done).min(1000);
+            let before = record.as_ref().map_or(0, |r| op(r, op::LOCK).0);
+            for _ in 0..chunk {
+                drop(m.lock());
+            }
+            done += chunk;
+            record = Some(wait_for(name, |r| op(r, op::LOCK).0 >= before + chunk));
+        }
+        record.expect("n > 0")
+    }
+
+    #[test]
+    fn sampling_level_follows_the_policy_word_at_runtime() {
+        let name = unique("mutex-sampling");
+        let m = Mutex::named(&name, ());
+        let id = m.instance_id().unwrap();
+        // Default: 1 in 64.
+        let r = lock_n(&m, &name, 1024);
+        assert_eq!(op(&r, op::UNLOCK).0, 1024 / 64);
+        // A consumer raises the level to "every acquisition"; the mutex
+        // picks it up at its next refresh (every 1024 acquisitions).
+        assert!(super::super::set_policy_word(
+            id,
+            PolicyWord::default().with_sample_every(1)
+        ));
+        // Acquisitions 1025..=2047 still sample 1 in 64 (15 holds); the
+        // refresh at 2048 switches to every hold, 2048's included.
+        let r = lock_n(&m, &name, 1024);
+        assert_eq!(op(&r, op::UNLOCK).0, 16 + 15 + 1);
+        let r = lock_n(&m, &name, 100);
+        assert_eq!(op(&r, op::UNLOCK), (132, 0, 0, 132));
+        // And lowers it again: off (applied at once by an explicit refresh).
+        assert!(super::super::set_policy_word(
+            id,
+            PolicyWord::default().with_sample_every(0)
+        ));
+        m.refresh_policy();
+        let r = lock_n(&m, &name, 5000);
+        assert_eq!(op(&r, op::LOCK).0, 7148);
+        assert_eq!(op(&r, op::UNLOCK).0, 132);
+    }
+
+    #[test]
+    fn drop_unregisters_and_final_stats_stay_visible() {
+        let name = unique("mutex-drop");
+        let m = Mutex::named(&name, vec![1, 2]);
+        drop(m.lock());
+        let id = m.instance_id().unwrap();
+        assert_eq!(m.into_inner(), vec![1, 2]);
+        assert!(super::super::policy_word(id).is_none(), "entry no longer live");
+        let r = wait_for(&name, |r| r.meta.retired_mono_ns.is_some() && is_retired(&name));
+        assert_eq!(op(&r, op::LOCK).0, 1);
+    }
+
+    #[test]
+    fn guards_and_lock_api_features_work() {
+        let m = Mutex::named(&unique("mutex-api"), (1u32, 2u32));
+        {
+            let g = m.lock();
+            let mut second = MutexGuard::map(g, |pair| &mut pair.1);
+            *second += 40;
+        }
+        let mut g = m.lock();
+        MutexGuard::unlocked(&mut g, || assert!(!m.is_locked()));
+        MutexGuard::bump(&mut g);
+        MutexGuard::unlock_fair(g);
+        assert_eq!(*m.lock(), (1, 42));
+        let mut m = m;
+        m.get_mut().0 = 7;
+        let text = format!("{m:?}");
+        assert!(text.contains("(7, 42)"), "{text}");
+        let g = m.lock();
+        assert!(format!("{m:?}").contains("<locked>"));
+        std::mem::forget(g);
+        // SAFETY: the forgotten guard's lock is held by this thread.
+        unsafe { m.force_unlock() };
+        assert!(!m.is_locked());
+        static STATIC: Mutex<u32> = Mutex::unobserved(5);
+        assert_eq!(*STATIC.lock(), 5);
+        assert_eq!(STATIC.instance_id(), None);
+    }
+
+    #[test]
+    fn packed_observations_round_trip() {
+        for (op, flags, latency) in [(1, 0, 0), (3, 3, 12345), (7, 1, LATENCY_MASK), (2, 2, u64::MAX)] {
+            let word = pack(op, flags, latency);
+            assert_ne!(word, 0);
+            assert_eq!(unpack(word), (op, flags, latency.min(LATENCY_MASK)));
+        }
+    }
+
+    #[test]
+    fn hold_time_of_a_sampled_hold_is_measured() {
+        let name = unique("mutex-hold");
+        let m = Mutex::named(&name, ());
+        set_sampling(&m, PolicyWord::default().with_sample_every(1));
+        {
+            let _g = m.lock();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let r = wait_for(&name, |r| op(r, op::UNLOCK).0 >= 1);
+        let held = r.stats.op(op::UNLOCK).unwrap().latency().unwrap().max();
+        let held_ns = crate::clock::calibration().ticks_to_ns(held);
+        assert!(held_ns >= 4_500_000, "held {held_ns} ns");
+        assert_eq!(r.stats.op(op::UNLOCK).unwrap().misses(), 0);
+        let _ = Observation::FLAG_MISS;
+    }
+}

@@ -1,0 +1,1013 @@
+//! [`RwLock`]: `parking_lot::RwLock` with observations.
+//!
+//! Kind code 2 (`rwlock`). Ops: `read` (1), `try_read` (2), `write` (3),
+//! `try_write` (4), `read_unlock` (5, sampled read hold), `write_unlock` (6,
+//! sampled write hold), `upgrade` (7). See the [table](super#op-kinds).
+//!
+//! Built on [`lock_api`] with [`RawRwLock`] over [`parking_lot::RawRwLock`],
+//! so recursive reads, upgradable reads, `upgrade`/`downgrade`, the fair
+//! unlocks, the timed variants and guard mapping all work. Upgradable and
+//! recursive reads count as `read`/`try_read`; an upgradable hold itself is
+//! not sampled, a write hold reached through `upgrade` is.
+//!
+//! Sampling uses a per-thread operation counter (readers share the lock, so
+//! there is no owner-only counter as in [`Mutex`](super::Mutex)). A sampled
+//! read hold is remembered in a small per-thread table keyed by the lock's
+//! address (up to four outstanding at once; more are simply not sampled),
+//! and the lock keeps a count of outstanding read samples so an unsampled
+//! read unlock looks at nothing but that count. Read guards are not `Send`
+//! (as in `parking_lot`), so a read hold ends on the thread that began it.
+
+use std::cell::Cell;
+use std::fmt;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_api::{
+    GuardNoSend, RawRwLock as _, RawRwLockFair as _, RawRwLockRecursive as _, RawRwLockUpgrade as _,
+};
+
+use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use crate::clock;
+use crate::registry::InstanceKind;
+
+/// The kind [`RwLock`] registers.
+pub const KIND: InstanceKind = InstanceKind {
+    code: 2,
+    name: "rwlock",
+    ops: &[
+        "read",
+        "try_read",
+        "write",
+        "try_write",
+        "read_unlock",
+        "write_unlock",
+        "upgrade",
+    ],
+};
+
+/// Op kinds of [`RwLock`].
+pub mod op {
+    /// Blocking shared acquisition (also recursive and upgradable).
+    pub const READ: u16 = 1;
+    /// Non-blocking or timed shared acquisition.
+    pub const TRY_READ: u16 = 2;
+    /// Blocking exclusive acquisition.
+    pub const WRITE: u16 = 3;
+    /// Non-blocking or timed exclusive acquisition.
+    pub const TRY_WRITE: u16 = 4;
+    /// A sampled shared release; latency = hold time.
+    pub const READ_UNLOCK: u16 = 5;
+    /// A sampled exclusive release (or downgrade); latency = hold time.
+    pub const WRITE_UNLOCK: u16 = 6;
+    /// Upgradable → exclusive.
+    pub const UPGRADE: u16 = 7;
+}
+
+/// Outstanding sampled read holds per thread.
+const READ_SLOTS: usize = 4;
+
+thread_local! {
+    /// (lock address, start ticks) of sampled read holds; address 0 = free.
+    static READ_HOLDS: Cell<[(usize, u64); READ_SLOTS]> = const { Cell::new([(0, 0); READ_SLOTS]) };
+}
+
+/// The raw lock behind [`RwLock`]: a [`parking_lot::RawRwLock`] plus the
+/// bookkeeping of one instance.
+pub struct RawRwLock {
+    inner: parking_lot::RawRwLock,
+    /// Ticks when a sampled write hold began, 0 if not sampled. Only touched
+    /// by the exclusive holder.
+    write_hold_start: Cell<u64>,
+    /// Sampled read holds not yet released (a hint for `unlock_shared`).
+    read_samples: AtomicU32,
+    sampler: Sampler,
+    probe: Probe,
+}
+
+// SAFETY: `write_hold_start` is only read and written by the thread that
+// holds the lock exclusively (after acquiring, before releasing or
+// downgrading), so accesses are ordered by the lock itself; all other fields
+// are `Sync`.
+unsafe impl Sync for RawRwLock {}
+
+impl fmt::Debug for RawRwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawRwLock")
+            .field("instance_id", &self.probe.id())
+            .field("locked", &self.inner.is_locked())
+            .finish()
+    }
+}
+
+impl RawRwLock {
+    const fn unobserved() -> Self {
+        Self {
+            inner: <parking_lot::RawRwLock as lock_api::RawRwLock>::INIT,
+            write_hold_start: Cell::new(0),
+            read_samples: AtomicU32::new(0),
+            sampler: Sampler::new(),
+            probe: Probe::NONE,
+        }
+    }
+
+    fn register(name: Option<&str>, site: &'static Location<'static>) -> Self {
+        let raw = Self {
+            probe: Probe::register(KIND, name, site),
+            ..Self::unobserved()
+        };
+        raw.refresh_policy();
+        raw
+    }
+
+    /// The instance id, `None` when unobserved.
+    pub fn instance_id(&self) -> Option<u32> {
+        self.probe.id()
+    }
+
+    /// Re-reads the policy word now and returns it.
+    pub fn refresh_policy(&self) -> PolicyWord {
+        let word = self.probe.policy_word();
+        self.sampler.apply(word);
+        word
+    }
+
+    fn addr(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    #[inline(always)]
+    fn acquired_shared(&self, op: u16, flags: u16, latency: u64, now: u64) {
+        self.probe.emit(op, flags, latency);
+        let n = next_thread_op();
+        if n & self.sampler.check_mask() == 0 {
+            self.bookkeeping_shared(n, now);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bookkeeping_shared(&self, n: u32, now: u64) {
+        if Sampler::wants_refresh(n) {
+            self.refresh_policy();
+        }
+        if !self.sampler.wants_sample(n) {
+            return;
+        }
+        let _ = READ_HOLDS.try_with(|holds| {
+            let mut table = holds.get();
+            if let Some(slot) = table.iter_mut().find(|(addr, _)| *addr == 0) {
+                *slot = (self.addr(), if now != 0 { now } else { clock::ticks() }.max(1));
+                holds.set(table);
+                self.read_samples.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    #[inline(always)]
+    fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, now: u64) {
+        self.probe.emit(op, flags, latency);
+        let n = next_thread_op();
+        if n & self.sampler.check_mask() == 0 {
+            self.bookkeeping_exclusive(n, now);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bookkeeping_exclusive(&self, n: u32, now: u64) {
+        if Sampler::wants_refresh(n) {
+            self.refresh_policy();
+        }
+        if self.sampler.wants_sample(n) {
+            self.write_hold_start
+                .set(if now != 0 { now } else { clock::ticks() }.max(1));
+        }
+    }
+
+    /// Blocks in `wait` and records the wait as a contended `op`.
+    #[cold]
+    #[inline(never)]
+    fn wait_for(&self, op: u16, exclusive: bool, wait: impl FnOnce(&parking_lot::RawRwLock)) {
+        let start = clock::ticks();
+        if self.sampler.slow_path_due(start) {
+            self.refresh_policy();
+        }
+        wait(&self.inner);
+        let now = clock::ticks();
+        let waited = now.saturating_sub(start).max(1);
+        if exclusive {
+            self.acquired_exclusive(op, CONTENDED, waited, now);
+        } else {
+            self.acquired_shared(op, CONTENDED, waited, now);
+        }
+    }
+
+    /// A timed acquisition's slow path: C + wait, M when it timed out.
+    #[cold]
+    #[inline(never)]
+    fn timed(&self, op: u16, exclusive: bool, wait: impl FnOnce(&parking_lot::RawRwLock) -> bool) -> bool {
+        let start = clock::ticks();
+        if self.sampler.slow_path_due(start) {
+            self.refresh_policy();
+        }
+        let acquired = wait(&self.inner);
+        let now = clock::ticks();
+        let waited = now.saturating_sub(start).max(1);
+        match (acquired, exclusive) {
+            (true, true) => self.acquired_exclusive(op, CONTENDED, waited, now),
+            (true, false) => self.acquired_shared(op, CONTENDED, waited, now),
+            (false, _) => self.probe.emit(op, CONTENDED | MISS, waited),
+        }
+        acquired
+    }
+
+    #[inline(always)]
+    fn try_shared(&self, op: u16, acquired: bool) -> bool {
+        if acquired {
+            self.acquired_shared(op, 0, 0, 0);
+        } else {
+            self.probe.emit(op, MISS, 0);
+        }
+        acquired
+    }
+
+    #[inline(always)]
+    fn try_exclusive(&self, op: u16, acquired: bool) -> bool {
+        if acquired {
+            self.acquired_exclusive(op, 0, 0, 0);
+        } else {
+            self.probe.emit(op, MISS, 0);
+        }
+        acquired
+    }
+
+    /// Takes this thread's sampled read hold of this lock, if any.
+    fn take_read_sample(&self) -> Option<u64> {
+        READ_HOLDS
+            .try_with(|holds| {
+                let mut table = holds.get();
+                let slot = table.iter_mut().find(|(addr, _)| *addr == self.addr())?;
+                let start = slot.1;
+                *slot = (0, 0);
+                holds.set(table);
+                Some(start)
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// A read unlock while some read hold of this lock is sampled.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a shared lock.
+    #[cold]
+    #[inline(never)]
+    unsafe fn unlock_shared_checked(&self, fair: bool) {
+        let start = self.take_read_sample();
+        if start.is_some() {
+            self.read_samples.fetch_sub(1, Ordering::Relaxed);
+        }
+        let held = start.map(since);
+        // SAFETY: the caller holds a shared lock.
+        unsafe {
+            if fair {
+                self.inner.unlock_shared_fair();
+            } else {
+                self.inner.unlock_shared();
+            }
+        }
+        if let Some(held) = held {
+            self.probe.emit(op::READ_UNLOCK, 0, held);
+        }
+    }
+
+    /// Ends a sampled write hold (release or downgrade) and records it; the
+    /// caller then releases or downgrades. Returns the hold length.
+    fn end_write_sample(&self) -> Option<u64> {
+        let start = self.write_hold_start.get();
+        (start != 0).then(|| {
+            self.write_hold_start.set(0);
+            since(start)
+        })
+    }
+}
+
+// SAFETY: exclusion is `parking_lot::RawRwLock`'s: every method acquires or
+// releases through it exactly as its own implementation would.
+unsafe impl lock_api::RawRwLock for RawRwLock {
+    /// An unobserved raw lock (no instance).
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = Self::unobserved();
+    type GuardMarker = GuardNoSend;
+
+    #[inline]
+    fn lock_shared(&self) {
+        if self.inner.try_lock_shared() {
+            self.acquired_shared(op::READ, 0, 0, 0);
+        } else {
+            self.wait_for(op::READ, false, |inner| inner.lock_shared());
+        }
+    }
+
+    #[inline]
+    fn try_lock_shared(&self) -> bool {
+        self.try_shared(op::TRY_READ, self.inner.try_lock_shared())
+    }
+
+    #[inline]
+    unsafe fn unlock_shared(&self) {
+        if self.read_samples.load(Ordering::Relaxed) == 0 {
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.inner.unlock_shared() }
+        } else {
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.unlock_shared_checked(false) }
+        }
+    }
+
+    #[inline]
+    fn lock_exclusive(&self) {
+        if self.inner.try_lock_exclusive() {
+            self.acquired_exclusive(op::WRITE, 0, 0, 0);
+        } else {
+            self.wait_for(op::WRITE, true, |inner| inner.lock_exclusive());
+        }
+    }
+
+    #[inline]
+    fn try_lock_exclusive(&self) -> bool {
+        self.try_exclusive(op::TRY_WRITE, self.inner.try_lock_exclusive())
+    }
+
+    #[inline]
+    unsafe fn unlock_exclusive(&self) {
+        match self.end_write_sample() {
+            // SAFETY: forwarded: the caller holds the exclusive lock.
+            None => unsafe { self.inner.unlock_exclusive() },
+            Some(held) => {
+                // SAFETY: forwarded: the caller holds the exclusive lock.
+                unsafe { self.inner.unlock_exclusive() };
+                self.probe.emit(op::WRITE_UNLOCK, 0, held);
+            }
+        }
+    }
+
+    #[inline]
+    fn is_locked(&self) -> bool {
+        self.inner.is_locked()
+    }
+
+    #[inline]
+    fn is_locked_exclusive(&self) -> bool {
+        self.inner.is_locked_exclusive()
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockFair for RawRwLock {
+    #[inline]
+    unsafe fn unlock_shared_fair(&self) {
+        if self.read_samples.load(Ordering::Relaxed) == 0 {
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.inner.unlock_shared_fair() }
+        } else {
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.unlock_shared_checked(true) }
+        }
+    }
+
+    #[inline]
+    unsafe fn unlock_exclusive_fair(&self) {
+        let held = self.end_write_sample();
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { self.inner.unlock_exclusive_fair() };
+        if let Some(held) = held {
+            self.probe.emit(op::WRITE_UNLOCK, 0, held);
+        }
+    }
+
+    #[inline]
+    unsafe fn bump_shared(&self) {
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { self.inner.bump_shared() }
+    }
+
+    #[inline]
+    unsafe fn bump_exclusive(&self) {
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { self.inner.bump_exclusive() }
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockDowngrade for RawRwLock {
+    #[inline]
+    unsafe fn downgrade(&self) {
+        let held = self.end_write_sample();
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { self.inner.downgrade() };
+        if let Some(held) = held {
+            self.probe.emit(op::WRITE_UNLOCK, 0, held);
+        }
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockTimed for RawRwLock {
+    type Duration = Duration;
+    type Instant = Instant;
+
+    #[inline]
+    fn try_lock_shared_for(&self, timeout: Duration) -> bool {
+        if self.inner.try_lock_shared() {
+            return self.try_shared(op::TRY_READ, true);
+        }
+        self.timed(op::TRY_READ, false, |inner| inner.try_lock_shared_for(timeout))
+    }
+
+    #[inline]
+    fn try_lock_shared_until(&self, timeout: Instant) -> bool {
+        if self.inner.try_lock_shared() {
+            return self.try_shared(op::TRY_READ, true);
+        }
+        self.timed(op::TRY_READ, false, |inner| inner.try_lock_shared_until(timeout))
+    }
+
+    #[inline]
+    fn try_lock_exclusive_for(&self, timeout: Duration) -> bool {
+        if self.inner.try_lock_exclusive() {
+            return self.try_exclusive(op::TRY_WRITE, true);
+        }
+        self.timed(op::TRY_WRITE, true, |inner| inner.try_lock_exclusive_for(timeout))
+    }
+
+    #[inline]
+    fn try_lock_exclusive_until(&self, timeout: Instant) -> bool {
+        if self.inner.try_lock_exclusive() {
+            return self.try_exclusive(op::TRY_WRITE, true);
+        }
+        self.timed(op::TRY_WRITE, true, |inner| {
+            inner.try_lock_exclusive_until(timeout)
+        })
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
+    #[inline]
+    fn lock_shared_recursive(&self) {
+        if self.inner.try_lock_shared_recursive() {
+            self.acquired_shared(op::READ, 0, 0, 0);
+        } else {
+            self.wait_for(op::READ, false, |inner| inner.lock_shared_recursive());
+        }
+    }
+
+    #[inline]
+    fn try_lock_shared_recursive(&self) -> bool {
+        self.try_shared(op::TRY_READ, self.inner.try_lock_shared_recursive())
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
+    #[inline]
+    fn try_lock_shared_recursive_for(&self, timeout: Duration) -> bool {
+        if self.inner.try_lock_shared_recursive() {
+            return self.try_shared(op::TRY_READ, true);
+        }
+        self.timed(op::TRY_READ, false, |inner| {
+            inner.try_lock_shared_recursive_for(timeout)
+        })
+    }
+
+    #[inline]
+    fn try_lock_shared_recursive_until(&self, timeout: Instant) -> bool {
+        if self.inner.try_lock_shared_recursive() {
+            return self.try_shared(op::TRY_READ, true);
+        }
+        self.timed(op::TRY_READ, false, |inner| {
+            inner.try_lock_shared_recursive_until(timeout)
+        })
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
+    #[inline]
+    fn lock_upgradable(&self) {
+        if self.inner.try_lock_upgradable() {
+            self.probe.emit(op::READ, 0, 0);
+        } else {
+            let start = clock::ticks();
+            self.inner.lock_upgradable();
+            self.probe.emit(op::READ, CONTENDED, since(start));
+        }
+    }
+
+    #[inline]
+    fn try_lock_upgradable(&self) -> bool {
+        let acquired = self.inner.try_lock_upgradable();
+        self.probe.emit(op::TRY_READ, if acquired { 0 } else { MISS }, 0);
+        acquired
+    }
+
+    #[inline]
+    unsafe fn unlock_upgradable(&self) {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        unsafe { self.inner.unlock_upgradable() }
+    }
+
+    #[inline]
+    unsafe fn upgrade(&self) {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        if unsafe { self.inner.try_upgrade() } {
+            self.acquired_exclusive(op::UPGRADE, 0, 0, 0);
+        } else {
+            // SAFETY: forwarded: the caller holds an upgradable lock.
+            self.wait_for(op::UPGRADE, true, |inner| unsafe { inner.upgrade() });
+        }
+    }
+
+    #[inline]
+    unsafe fn try_upgrade(&self) -> bool {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        let upgraded = unsafe { self.inner.try_upgrade() };
+        self.try_exclusive(op::UPGRADE, upgraded)
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockUpgradeFair for RawRwLock {
+    #[inline]
+    unsafe fn unlock_upgradable_fair(&self) {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        unsafe { self.inner.unlock_upgradable_fair() }
+    }
+
+    #[inline]
+    unsafe fn bump_upgradable(&self) {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        unsafe { self.inner.bump_upgradable() }
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
+    #[inline]
+    unsafe fn downgrade_upgradable(&self) {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        unsafe { self.inner.downgrade_upgradable() }
+    }
+
+    #[inline]
+    unsafe fn downgrade_to_upgradable(&self) {
+        let held = self.end_write_sample();
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { self.inner.downgrade_to_upgradable() };
+        if let Some(held) = held {
+            self.probe.emit(op::WRITE_UNLOCK, 0, held);
+        }
+    }
+}
+
+// SAFETY: forwards to `parking_lot::RawRwLock`.
+unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
+    #[inline]
+    fn try_lock_upgradable_for(&self, timeout: Duration) -> bool {
+        if self.inner.try_lock_upgradable() {
+            self.probe.emit(op::TRY_READ, 0, 0);
+            return true;
+        }
+        let start = clock::ticks();
+        let acquired = self.inner.try_lock_upgradable_for(timeout);
+        let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
+        self.probe.emit(op::TRY_READ, flags, since(start));
+        acquired
+    }
+
+    #[inline]
+    fn try_lock_upgradable_until(&self, timeout: Instant) -> bool {
+        if self.inner.try_lock_upgradable() {
+            self.probe.emit(op::TRY_READ, 0, 0);
+            return true;
+        }
+        let start = clock::ticks();
+        let acquired = self.inner.try_lock_upgradable_until(timeout);
+        let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
+        self.probe.emit(op::TRY_READ, flags, since(start));
+        acquired
+    }
+
+    #[inline]
+    unsafe fn try_upgrade_for(&self, timeout: Duration) -> bool {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        if unsafe { self.inner.try_upgrade() } {
+            return self.try_exclusive(op::UPGRADE, true);
+        }
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        self.timed(op::UPGRADE, true, |inner| unsafe {
+            inner.try_upgrade_for(timeout)
+        })
+    }
+
+    #[inline]
+    unsafe fn try_upgrade_until(&self, timeout: Instant) -> bool {
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        if unsafe { self.inner.try_upgrade() } {
+            return self.try_exclusive(op::UPGRADE, true);
+        }
+        // SAFETY: forwarded: the caller holds an upgradable lock.
+        self.timed(op::UPGRADE, true, |inner| unsafe {
+            inner.try_upgrade_until(timeout)
+        })
+    }
+}
+
+/// A shared guard of [`RwLock`].
+pub type RwLockReadGuard<'a, T> = lock_api::RwLockReadGuard<'a, RawRwLock, T>;
+/// An exclusive guard of [`RwLock`].
+pub type RwLockWriteGuard<'a, T> = lock_api::RwLockWriteGuard<'a, RawRwLock, T>;
+/// An upgradable shared guard of [`RwLock`].
+pub type RwLockUpgradableReadGuard<'a, T> = lock_api::RwLockUpgradableReadGuard<'a, RawRwLock, T>;
+/// A shared guard mapped to a part of the data.
+pub type MappedRwLockReadGuard<'a, T> = lock_api::MappedRwLockReadGuard<'a, RawRwLock, T>;
+/// An exclusive guard mapped to a part of the data.
+pub type MappedRwLockWriteGuard<'a, T> = lock_api::MappedRwLockWriteGuard<'a, RawRwLock, T>;
+
+/// A reader-writer lock, `parking_lot::RwLock` with observations (kind 2).
+///
+/// ```
+/// use subetha_core::RwLock;
+/// use subetha_core::primitives::RwLockUpgradableReadGuard;
+///
+/// let config = RwLock::named("config", String::from("v1"));
+/// assert_eq!(config.read().as_str(), "v1");
+/// let up = config.upgradable_read();
+/// let mut w = RwLockUpgradableReadGuard::upgrade(up);
+/// w.push('!');
+/// drop(w);
+/// assert_eq!(config.into_inner(), "v1!");
+/// ```
+pub struct RwLock<T: ?Sized> {
+    inner: lock_api::RwLock<RawRwLock, T>,
+}
+
+impl<T> RwLock<T> {
+    /// A lock named after its creation site.
+    #[track_caller]
+    pub fn new(value: T) -> Self {
+        Self {
+            inner: lock_api::RwLock::from_raw(RawRwLock::register(None, Location::caller()), value),
+        }
+    }
+
+    /// A lock named `name`.
+    #[track_caller]
+    pub fn named(name: &str, value: T) -> Self {
+        Self {
+            inner: lock_api::RwLock::from_raw(RawRwLock::register(Some(name), Location::caller()), value),
+        }
+    }
+
+    /// A lock without an instance (nothing observed); `const`.
+    pub const fn unobserved(value: T) -> Self {
+        Self {
+            inner: lock_api::RwLock::from_raw(RawRwLock::unobserved(), value),
+        }
+    }
+
+    /// Consumes the lock (unregistering its instance) and returns the data.
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner()
+    }
+}
+
+impl<T: ?Sized> RwLock<T> {
+    /// Shared access, blocking while a writer holds the lock.
+    #[inline]
+    pub fn read(&self) -> RwLockReadGuard<'_, T> {
+        self.inner.read()
+    }
+
+    /// Shared access if available now.
+    #[inline]
+    pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read()
+    }
+
+    /// Shared access, waiting at most `timeout`.
+    #[inline]
+    pub fn try_read_for(&self, timeout: Duration) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read_for(timeout)
+    }
+
+    /// Shared access, waiting until `deadline` at most.
+    #[inline]
+    pub fn try_read_until(&self, deadline: Instant) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read_until(deadline)
+    }
+
+    /// Shared access that succeeds even with writers waiting, if this thread
+    /// already reads (see `parking_lot::RwLock::read_recursive`).
+    #[inline]
+    pub fn read_recursive(&self) -> RwLockReadGuard<'_, T> {
+        self.inner.read_recursive()
+    }
+
+    /// Non-blocking [`RwLock::read_recursive`].
+    #[inline]
+    pub fn try_read_recursive(&self) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read_recursive()
+    }
+
+    /// Timed [`RwLock::read_recursive`].
+    #[inline]
+    pub fn try_read_recursive_for(&self, timeout: Duration) -> Option<RwLockReadGuard<'_, T>> {
+        self.inner.try_read_recursive_for(timeout)
+    }
+
+    /// Exclusive access, blocking while anyone holds the lock.
+    #[inline]
+    pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+        self.inner.write()
+    }
+
+    /// Exclusive access if available now.
+    #[inline]
+    pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+        self.inner.try_write()
+    }
+
+    /// Exclusive access, waiting at most `timeout`.
+    #[inline]
+    pub fn try_write_for(&self, timeout: Duration) -> Option<RwLockWriteGuard<'_, T>> {
+        self.inner.try_write_for(timeout)
+    }
+
+    /// Exclusive access, waiting until `deadline` at most.
+    #[inline]
+    pub fn try_write_until(&self, deadline: Instant) -> Option<RwLockWriteGuard<'_, T>> {
+        self.inner.try_write_until(deadline)
+    }
+
+    /// Upgradable shared access (one at a time; upgrade with
+    /// [`RwLockUpgradableReadGuard::upgrade`]).
+    #[inline]
+    pub fn upgradable_read(&self) -> RwLockUpgradableReadGuard<'_, T> {
+        self.inner.upgradable_read()
+    }
+
+    /// Non-blocking [`RwLock::upgradable_read`].
+    #[inline]
+    pub fn try_upgradable_read(&self) -> Option<RwLockUpgradableReadGuard<'_, T>> {
+        self.inner.try_upgradable_read()
+    }
+
+    /// Timed [`RwLock::upgradable_read`].
+    #[inline]
+    pub fn try_upgradable_read_for(&self, timeout: Duration) -> Option<RwLockUpgradableReadGuard<'_, T>> {
+        self.inner.try_upgradable_read_for(timeout)
+    }
+
+    /// Whether anyone holds the lock (racy hint, not observed).
+    #[inline]
+    pub fn is_locked(&self) -> bool {
+        self.inner.is_locked()
+    }
+
+    /// Whether a writer holds the lock (racy hint, not observed).
+    #[inline]
+    pub fn is_locked_exclusive(&self) -> bool {
+        self.inner.is_locked_exclusive()
+    }
+
+    /// The data through exclusive access (no locking, not observed).
+    #[inline]
+    pub fn get_mut(&mut self) -> &mut T {
+        self.inner.get_mut()
+    }
+
+    /// A raw pointer to the data.
+    #[inline]
+    pub fn data_ptr(&self) -> *mut T {
+        self.inner.data_ptr()
+    }
+
+    /// Releases a shared lock whose guard was forgotten.
+    ///
+    /// # Safety
+    ///
+    /// See `lock_api::RwLock::force_unlock_read`.
+    #[inline]
+    pub unsafe fn force_unlock_read(&self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.force_unlock_read() }
+    }
+
+    /// Releases an exclusive lock whose guard was forgotten.
+    ///
+    /// # Safety
+    ///
+    /// See `lock_api::RwLock::force_unlock_write`.
+    #[inline]
+    pub unsafe fn force_unlock_write(&self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.force_unlock_write() }
+    }
+
+    /// The underlying `lock_api` lock.
+    pub fn as_lock_api(&self) -> &lock_api::RwLock<RawRwLock, T> {
+        &self.inner
+    }
+
+    fn raw(&self) -> &RawRwLock {
+        // SAFETY: only the instance id and the policy cache are used.
+        unsafe { self.inner.raw() }
+    }
+
+    /// The instance id observations carry, `None` when unobserved.
+    pub fn instance_id(&self) -> Option<u32> {
+        self.raw().instance_id()
+    }
+
+    /// Re-reads the policy word now; returns it.
+    pub fn refresh_policy(&self) -> PolicyWord {
+        self.raw().refresh_policy()
+    }
+}
+
+impl<T: Default> Default for RwLock<T> {
+    #[track_caller]
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+impl<T> From<T> for RwLock<T> {
+    #[track_caller]
+    fn from(value: T) -> Self {
+        Self::new(value)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
+    /// Shows the data if no writer holds the lock; records nothing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("RwLock");
+        let raw = self.raw();
+        if raw.inner.try_lock_shared() {
+            // SAFETY: the shared lock was just acquired (unobserved) and is
+            // released right below, also unobserved; no writer can exist.
+            let data = unsafe { &*self.inner.data_ptr() };
+            d.field("data", &data);
+            // SAFETY: acquired just above.
+            unsafe { raw.inner.unlock_shared() };
+        } else {
+            d.field("data", &format_args!("<locked>"));
+        }
+        d.field("instance_id", &self.instance_id()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier as StdBarrier};
+
+    use super::super::set_policy_word;
+    use super::super::test_support::{op, unique, wait_for};
+    use super::*;
+
+    fn every_hold<T>(l: &RwLock<T>) {
+        assert!(set_policy_word(
+            l.instance_id().unwrap(),
+            PolicyWord::default().with_sample_every(1)
+        ));
+        l.refresh_policy();
+    }
+
+    #[test]
+    fn reads_writes_and_misses() {
+        let name = unique("rwlock-basic");
+        let l = RwLock::named(&name, 0u32);
+        every_hold(&l);
+        {
+            let a = l.read();
+            let b = l.read();
+            assert_eq!(*a + *b, 0);
+            assert!(l.try_write().is_none());
+            assert!(l.try_write_for(Duration::from_millis(1)).is_none());
+            assert!(l.try_read().is_some());
+        }
+        *l.write() += 1;
+        {
+            let _w = l.write();
+            assert!(l.try_read().is_none());
+        }
+        let r = wait_for(&name, |r| r.stats.total_ops() >= 11);
+        assert_eq!(op(&r, op::READ), (2, 0, 0, 0));
+        assert_eq!(op(&r, op::TRY_READ), (2, 0, 1, 0));
+        assert_eq!(op(&r, op::WRITE), (2, 0, 0, 0));
+        assert_eq!(op(&r, op::TRY_WRITE), (2, 1, 2, 1));
+        // Every hold sampled: 3 successful read holds, 2 write holds.
+        assert_eq!(op(&r, op::READ_UNLOCK), (3, 0, 0, 3));
+        assert_eq!(op(&r, op::WRITE_UNLOCK), (2, 0, 0, 2));
+    }
+
+    #[test]
+    fn blocked_writer_and_blocked_reader_record_their_waits() {
+        let name = unique("rwlock-contended");
+        let l = Arc::new(RwLock::named(&name, 0u32));
+        let ready = Arc::new(StdBarrier::new(2));
+        // A writer blocks behind a reader …
+        let read = l.read();
+        let writer = {
+            let (l, ready) = (Arc::clone(&l), Arc::clone(&ready));
+            std::thread::spawn(move || {
+                ready.wait();
+                *l.write() += 1;
+            })
+        };
+        ready.wait();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(read);
+        writer.join().unwrap();
+        // … and a reader behind a writer.
+        let write = l.write();
+        let reader = {
+            let (l, ready) = (Arc::clone(&l), Arc::clone(&ready));
+            std::thread::spawn(move || {
+                ready.wait();
+                assert_eq!(*l.read(), 1);
+            })
+        };
+        ready.wait();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(write);
+        reader.join().unwrap();
+        let r = wait_for(&name, |r| op(r, op::WRITE).1 >= 1 && op(r, op::READ).1 >= 1);
+        assert_eq!(op(&r, op::WRITE), (2, 1, 0, 1));
+        assert_eq!(op(&r, op::READ), (2, 1, 0, 1));
+        let ms15 = crate::clock::calibration().ns_to_ticks(15_000_000);
+        for k in [op::WRITE, op::READ] {
+            let waited = r.stats.op(k).unwrap().latency().unwrap().max();
+            assert!(waited >= ms15, "op {k} waited {waited} ticks");
+        }
+    }
+
+    #[test]
+    fn upgrade_downgrade_and_recursive_reads() {
+        let name = unique("rwlock-upgrade");
+        let l = RwLock::named(&name, vec![1]);
+        every_hold(&l);
+        let up = l.upgradable_read();
+        let r1 = l.read_recursive();
+        drop(r1);
+        let mut w = RwLockUpgradableReadGuard::upgrade(up);
+        w.push(2);
+        let rd = RwLockWriteGuard::downgrade(w);
+        assert_eq!(*rd, vec![1, 2]);
+        drop(rd);
+        let up = l.upgradable_read();
+        let other = l.read();
+        let up = RwLockUpgradableReadGuard::try_upgrade(up).expect_err("a reader is in");
+        drop(other);
+        let w = RwLockUpgradableReadGuard::try_upgrade(up).expect("alone now");
+        drop(w);
+        let r = wait_for(&name, |r| op(r, op::UPGRADE).0 >= 3);
+        // 2 upgradable + 1 recursive + 1 plain read.
+        assert_eq!(op(&r, op::READ).0, 4);
+        assert_eq!(op(&r, op::UPGRADE), (3, 0, 1, 0));
+        // Write holds reached by upgrade are sampled (downgrade ends one).
+        assert_eq!(op(&r, op::WRITE_UNLOCK).0, 2);
+        // The recursive read and the plain read were sampled.
+        assert_eq!(op(&r, op::READ_UNLOCK).0, 2);
+    }
+
+    #[test]
+    fn read_hold_samples_follow_the_policy_and_drop_unregisters() {
+        let name = unique("rwlock-sampling");
+        let l = RwLock::named(&name, ());
+        let id = l.instance_id().unwrap();
+        assert!(set_policy_word(id, PolicyWord::default().with_sample_every(0)));
+        l.refresh_policy();
+        for _ in 0..3000 {
+            drop(l.read());
+        }
+        assert!(set_policy_word(id, PolicyWord::default().with_sample_every(1)));
+        l.refresh_policy();
+        for _ in 0..10 {
+            let _a = l.read();
+            let _b = l.read();
+        }
+        drop(l);
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 3020
+        });
+        assert_eq!(op(&r, op::READ_UNLOCK), (20, 0, 0, 20));
+        assert_eq!(super::super::policy_word(id), None);
+    }
+}
