@@ -25,23 +25,23 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use subetha_core::ObservationRing;
 use subetha_core::clock;
 use subetha_core::drain::Drainer;
 use subetha_core::lease::{TakeoverRequest, word_pid};
 use subetha_core::segment::{SegmentView, slot_state};
 use subetha_core::stats::LatencyHistogram;
-use subetha_core::ObservationRing;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, SchedSample};
 use crate::discovery::{self, Candidate};
-use crate::probes::{ProbeEvent, Probes, Role};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
 };
+use crate::probes::{ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
 
 /// How the agent behaves.
@@ -752,7 +752,11 @@ impl State {
 
     fn expire(&mut self) {
         let retention = self.config.retention;
-        while self.exited.front().is_some_and(|(_, at)| at.elapsed() >= retention) {
+        while self
+            .exited
+            .front()
+            .is_some_and(|(_, at)| at.elapsed() >= retention)
+        {
             self.exited.pop_front();
         }
     }

@@ -481,8 +481,14 @@ mod tests {
         assert!(cause.summary.contains("52.000 ms"), "{}", cause.summary);
         assert_eq!(cause.confidence, "high");
         let interval = cause.interval.expect("interval");
-        assert_eq!((interval.begin_mono_ns, interval.end_mono_ns), (999 * MS, 1051 * MS));
-        assert_eq!(cause.culprit.map(|c| (c.pid, c.comm)), Some((4242, "hog".to_string())));
+        assert_eq!(
+            (interval.begin_mono_ns, interval.end_mono_ns),
+            (999 * MS, 1051 * MS)
+        );
+        assert_eq!(
+            cause.culprit.map(|c| (c.pid, c.comm)),
+            Some((4242, "hog".to_string()))
+        );
     }
 
     #[test]
@@ -529,8 +535,14 @@ mod tests {
         let mut f = facts(&[], &[(980 * MS, 990 * MS), (1100 * MS, 1101 * MS)]);
         f.max_interval_ns = 10 * MS;
         let cause = diagnose(&s, &f);
-        assert_eq!((cause.kind.as_str(), cause.confidence.as_str()), ("scanner_stalled", "low"));
-        assert_eq!(cause.interval.map(|i| i.end_mono_ns - i.begin_mono_ns), Some(110 * MS));
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("scanner_stalled", "low")
+        );
+        assert_eq!(
+            cause.interval.map(|i| i.end_mono_ns - i.begin_mono_ns),
+            Some(110 * MS)
+        );
     }
 
     #[test]

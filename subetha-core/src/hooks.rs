@@ -55,7 +55,8 @@ pub extern "C" fn subetha_drop_end(ring: usize, dropped_in_episode: u64) {
     }
 }
 
-/// A consumer starts a scan over every ring of a segment. `segment` is the
+/// A consumer's scan of a segment reached its first ring with work (scans
+/// that find every ring idle call neither scan hook). `segment` is the
 /// segment's address in the consumer's address space, `scan_seq` the
 /// consumer's scan counter.
 #[unsafe(no_mangle)]

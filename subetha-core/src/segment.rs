@@ -803,7 +803,13 @@ impl SegmentView {
         // SAFETY: `first..first + pages * PAGE` lies within our validated
         // mapping (page-aligned, clamped to total_size rounded up to a page,
         // which the mapping covers); `vec` has one byte per page.
-        let rc = unsafe { libc::mincore(self.base.as_ptr().add(first).cast(), end - first, vec.as_mut_ptr()) };
+        let rc = unsafe {
+            libc::mincore(
+                self.base.as_ptr().add(first).cast(),
+                end - first,
+                vec.as_mut_ptr(),
+            )
+        };
         // On error assume resident: reading is then merely costly, not wrong.
         rc != 0 || vec.iter().any(|&b| b & 1 != 0)
     }

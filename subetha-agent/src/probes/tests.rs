@@ -336,13 +336,29 @@ fn probes_scan_hooks_fire_once_per_scan() {
     })
     .unwrap();
     let base = segment.view().base_addr() as u64;
+    // A claimed slot to give every scan work: scans of idle rings call no
+    // hook.
+    let slot = segment.view().ring_slot(0).unwrap();
+    slot.thread_id.store(1, std::sync::atomic::Ordering::Relaxed);
+    slot.state.store(
+        subetha_core::segment::slot_state::ACTIVE,
+        std::sync::atomic::Ordering::Release,
+    );
+    segment
+        .view()
+        .live()
+        .rings_high_water
+        .store(1, std::sync::atomic::Ordering::Release);
     let mut drainer = Drainer::attach(segment.view()).unwrap();
     probes.attach_scanner(pid, tid).unwrap();
     const SCANS: u64 = 25;
     let mut seqs = Vec::new();
-    for _ in 0..SCANS {
+    for i in 0..SCANS {
+        assert!(slot.ring.push(subetha_core::Observation::new(1, 1, 0, i)));
         seqs.push(drainer.scan().seq);
     }
+    // An idle scan calls no hook.
+    drainer.scan();
     let hits = probes.hook_hits_for_thread(tid);
     assert_eq!((hits.scan_begin, hits.scan_end), (SCANS, SCANS), "{hits:?}");
     let events = drain(&mut probes);
@@ -376,7 +392,7 @@ fn probes_scan_hooks_fire_once_per_scan() {
         })
         .collect();
     assert_eq!(begins, seqs);
-    assert_eq!(ends, seqs.iter().map(|&s| (s, 0)).collect::<Vec<_>>());
+    assert_eq!(ends, seqs.iter().map(|&s| (s, 1)).collect::<Vec<_>>());
     eprintln!(
         "{SCANS} scans -> {} ScanBegin, {} ScanEnd events",
         begins.len(),

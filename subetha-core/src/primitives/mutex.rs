@@ -94,6 +94,17 @@ const fn unpack(word: u64) -> (u16, u16, u64) {
     )
 }
 
+/// What the slow path did.
+struct Slow {
+    /// Whether the lock was taken (false: the deadline passed).
+    acquired: bool,
+    /// Tick at which this thread first parked; 0 if it never did (only
+    /// read for adaptive locks).
+    parked_at: u64,
+    /// Tick at which the wait ended.
+    at: u64,
+}
+
 /// How the slow path waits before parking.
 #[derive(Clone, Copy)]
 enum Spin {
@@ -269,8 +280,9 @@ impl RawMutex {
     fn lock_contended(&self) {
         let start = clock::ticks();
         let spin = self.spin_policy(start);
-        let (_, parked_at) = self.lock_slow(spin, None);
-        let now = clock::ticks();
+        let Slow {
+            parked_at, at: now, ..
+        } = self.lock_slow(spin, None);
         if parked_at != 0 {
             self.probe
                 .emit(op::PARK, CONTENDED, now.saturating_sub(parked_at).max(1));
@@ -285,8 +297,9 @@ impl RawMutex {
     fn try_lock_timed(&self, deadline: Option<Instant>) -> bool {
         let start = clock::ticks();
         let spin = self.spin_policy(start);
-        let (acquired, _) = self.lock_slow(spin, deadline);
-        let now = clock::ticks();
+        let Slow {
+            acquired, at: now, ..
+        } = self.lock_slow(spin, deadline);
         let waited = now.saturating_sub(start).max(1);
         if acquired {
             self.acquired(op::TRY_LOCK, CONTENDED, waited, now);
@@ -311,24 +324,30 @@ impl RawMutex {
         }
     }
 
-    /// `parking_lot`'s lock slow path with a choice of spin. Returns whether
-    /// the lock was taken (false: `deadline` passed) and the tick at which
-    /// this thread first parked (0 if it never did; only read for adaptive
-    /// locks).
-    fn lock_slow(&self, spin: Spin, deadline: Option<Instant>) -> (bool, u64) {
+    /// `parking_lot`'s lock slow path with a choice of spin.
+    fn lock_slow(&self, spin: Spin, deadline: Option<Instant>) -> Slow {
         let mut spinwait = SpinWait::new();
         let mut parked_at = 0;
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
             // Take the lock if it is free, even if others are parked.
             if state & LOCKED_BIT == 0 {
+                // The end of the wait, read before the compare-and-swap so
+                // the clock read is not part of the critical section.
+                let at = clock::ticks();
                 match self.state.compare_exchange_weak(
                     state,
                     state | LOCKED_BIT,
                     Ordering::Acquire,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return (true, parked_at),
+                    Ok(_) => {
+                        return Slow {
+                            acquired: true,
+                            parked_at,
+                            at,
+                        };
+                    }
                     Err(now) => state = now,
                 }
                 continue;
@@ -381,9 +400,21 @@ impl RawMutex {
             };
             match result {
                 // The unlocking thread handed the lock over, still locked.
-                ParkResult::Unparked(TOKEN_HANDOFF) => return (true, parked_at),
+                ParkResult::Unparked(TOKEN_HANDOFF) => {
+                    return Slow {
+                        acquired: true,
+                        parked_at,
+                        at: clock::ticks(),
+                    };
+                }
                 ParkResult::Unparked(_) | ParkResult::Invalid => {}
-                ParkResult::TimedOut => return (false, parked_at),
+                ParkResult::TimedOut => {
+                    return Slow {
+                        acquired: false,
+                        parked_at,
+                        at: clock::ticks(),
+                    };
+                }
             }
             spinwait.reset();
             state = self.state.load(Ordering::Relaxed);
