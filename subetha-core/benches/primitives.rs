@@ -1,0 +1,705 @@
+//! The instrumented primitives against what they wrap, side by side in one
+//! run: `cargo bench -p subetha-core --bench primitives [-- FILTER]`.
+//!
+//! | group | what one element is |
+//! |---|---|
+//! | `uncontended` | one `lock()` + guard drop on one thread |
+//! | `contended` `…/hammer/{2,4}` | one lock + increment + unlock, 2 or 4 threads hammering one lock with nothing else to do |
+//! | `contended` `…/50+100ns/{2,4}` | the same with 50 ns of busy work inside the lock and 100 ns outside |
+//! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
+//! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
+//!
+//! Implementations: `parking_lot` / `crossbeam` (the wrapped types, the
+//! baseline of each comparison), `subetha` ([`Mutex`], [`Channel`]),
+//! `unobserved` (the wrapper without an instance), `adaptive`
+//! ([`AdaptiveMutex`] with its built-in policy) and `fixed_spin` (the same
+//! lock with a pinned 16 µs spin budget).
+//!
+//! Two passes:
+//!
+//! 1. criterion, one benchmark after the other (per-benchmark statistics in
+//!    `<target>/criterion/`). Skip with `SUBETHA_BENCH_CRITERION=0`.
+//! 2. an *interleaved* comparison, which is what the summary table reports:
+//!    every implementation of a comparison runs for a short slice in turn,
+//!    for several rounds, and each round's throughput is divided by the
+//!    baseline's from the same round. On a shared, loaded host this paired
+//!    ratio is far steadier than comparing benchmarks run minutes apart.
+//!    The table (median ns per element, median paired ratio and its
+//!    min–max over the rounds) is printed and saved as
+//!    `<target>/subetha-bench/primitives.txt`.
+//!
+//! The process sidecar runs (mode `always`, so an agent on the host cannot
+//! take the segment over) and drains the rings the instrumented variants
+//! fill: its CPU time is part of what instrumentation costs on a 2-CPU
+//! host, and it runs the adaptive policy.
+//!
+//! Environment: `SUBETHA_BENCH_QUICK=1` (short criterion runs, 3 rounds of
+//! 100 ms), `SUBETHA_BENCH_ROUNDS` (default 25), `SUBETHA_BENCH_SLICE_MS`
+//! (default 60), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
+//! ns).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use subetha_core::primitives::{PolicyWord, policy_word, set_policy_word};
+use subetha_core::{AdaptiveMutex, Channel, Mutex, SidecarMode};
+
+// ---------------------------------------------------------------------------
+// Driving a workload: a fixed number of operations (criterion) or a time
+// slice (interleaved comparison).
+
+#[derive(Clone, Copy)]
+enum Budget {
+    Ops(u64),
+    Time(Duration),
+}
+
+/// Operations done and wall time taken.
+type Outcome = (u64, Duration);
+
+/// Runs `op` on `threads` threads for `budget` and returns the total
+/// operations and the wall time from the common start to the last finish.
+fn drive(threads: usize, budget: Budget, op: impl Fn() + Send + Sync + Clone + 'static) -> Outcome {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let (start, stop, done, op) = (
+                Arc::clone(&start),
+                Arc::clone(&stop),
+                Arc::clone(&done),
+                op.clone(),
+            );
+            std::thread::spawn(move || {
+                start.wait();
+                let mut n = 0u64;
+                match budget {
+                    Budget::Ops(total) => {
+                        let mine = share(total, threads, i);
+                        while n < mine {
+                            op();
+                            n += 1;
+                        }
+                    }
+                    Budget::Time(_) => {
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..16 {
+                                op();
+                            }
+                            n += 16;
+                        }
+                    }
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    if let Budget::Time(slice) = budget {
+        std::thread::sleep(slice);
+        stop.store(true, Ordering::Relaxed);
+    }
+    for h in handles {
+        h.join().expect("bench thread");
+    }
+    (done.load(Ordering::Relaxed), began.elapsed())
+}
+
+/// Thread `i`'s share of `total` operations.
+fn share(total: u64, threads: usize, i: usize) -> u64 {
+    total / threads as u64 + u64::from((i as u64) < total % threads as u64)
+}
+
+/// A lock around a `u64` counter.
+trait CounterLock: Send + Sync + 'static {
+    fn with(&self, f: impl FnOnce(&mut u64));
+}
+
+impl CounterLock for parking_lot::Mutex<u64> {
+    #[inline]
+    fn with(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut self.lock());
+    }
+}
+
+impl CounterLock for Mutex<u64> {
+    #[inline]
+    fn with(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut self.lock());
+    }
+}
+
+impl CounterLock for AdaptiveMutex<u64> {
+    #[inline]
+    fn with(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut self.lock());
+    }
+}
+
+/// The two ends of a bounded channel of `u64`.
+trait Chan: Send + 'static {
+    type Tx: Send + Clone + 'static;
+    type Rx: Send + Clone + 'static;
+    fn split(self) -> (Self::Tx, Self::Rx);
+    fn send(tx: &Self::Tx, v: u64) -> bool;
+    fn recv(rx: &Self::Rx) -> Option<u64>;
+}
+
+impl Chan for (crossbeam_channel::Sender<u64>, crossbeam_channel::Receiver<u64>) {
+    type Tx = crossbeam_channel::Sender<u64>;
+    type Rx = crossbeam_channel::Receiver<u64>;
+
+    fn split(self) -> (Self::Tx, Self::Rx) {
+        self
+    }
+
+    #[inline]
+    fn send(tx: &Self::Tx, v: u64) -> bool {
+        tx.send(v).is_ok()
+    }
+
+    #[inline]
+    fn recv(rx: &Self::Rx) -> Option<u64> {
+        rx.recv().ok()
+    }
+}
+
+impl Chan for Channel<u64> {
+    type Tx = subetha_core::primitives::Sender<u64>;
+    type Rx = subetha_core::primitives::Receiver<u64>;
+
+    fn split(self) -> (Self::Tx, Self::Rx) {
+        Channel::split(self)
+    }
+
+    #[inline]
+    fn send(tx: &Self::Tx, v: u64) -> bool {
+        tx.send(v).is_ok()
+    }
+
+    #[inline]
+    fn recv(rx: &Self::Rx) -> Option<u64> {
+        rx.recv().ok()
+    }
+}
+
+/// Moves messages from `producers` to `consumers` threads through a fresh
+/// channel from `make`; counts messages received.
+fn drive_channel<C: Chan>(
+    producers: usize,
+    consumers: usize,
+    budget: Budget,
+    make: impl Fn() -> C,
+) -> Outcome {
+    let (tx, rx) = make().split();
+    let start = Arc::new(Barrier::new(producers + consumers + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for i in 0..producers {
+        let (start, stop, tx) = (Arc::clone(&start), Arc::clone(&stop), tx.clone());
+        handles.push(std::thread::spawn(move || {
+            start.wait();
+            match budget {
+                Budget::Ops(total) => {
+                    for k in 0..share(total, producers, i) {
+                        assert!(C::send(&tx, k));
+                    }
+                }
+                Budget::Time(_) => {
+                    let mut k = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..64 {
+                            assert!(C::send(&tx, k));
+                            k += 1;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    drop(tx);
+    for _ in 0..consumers {
+        let (start, rx, received) = (Arc::clone(&start), rx.clone(), Arc::clone(&received));
+        handles.push(std::thread::spawn(move || {
+            start.wait();
+            let mut n = 0;
+            while C::recv(&rx).is_some() {
+                n += 1;
+            }
+            received.fetch_add(n, Ordering::Relaxed);
+        }));
+    }
+    drop(rx);
+    start.wait();
+    let began = Instant::now();
+    if let Budget::Time(slice) = budget {
+        std::thread::sleep(slice);
+        stop.store(true, Ordering::Relaxed);
+    }
+    for h in handles {
+        h.join().expect("channel thread");
+    }
+    (received.load(Ordering::Relaxed), began.elapsed())
+}
+
+// ---------------------------------------------------------------------------
+// Busy work of a known length.
+
+/// Busy-work iterations per microsecond, measured once.
+fn work_per_us() -> u64 {
+    static PER_US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PER_US.get_or_init(|| {
+        // Best of five: the fastest run is the one least disturbed.
+        let n = 1_000_000;
+        let best = (0..5)
+            .map(|_| {
+                let started = Instant::now();
+                busy(n);
+                started.elapsed()
+            })
+            .min()
+            .expect("five runs");
+        ((n as f64 / (best.as_secs_f64() * 1e6)) as u64).max(1)
+    })
+}
+
+/// `n` rounds of a dependent xorshift chain.
+#[inline(never)]
+fn busy(n: u64) -> u64 {
+    let mut x = black_box(0x9E37_79B9_7F4A_7C15u64);
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    black_box(x)
+}
+
+// ---------------------------------------------------------------------------
+// The cases.
+
+type Runner = Box<dyn Fn(Budget) -> Outcome>;
+
+/// One implementation in one comparison.
+struct Case {
+    group: &'static str,
+    /// Criterion id, e.g. `subetha/2`.
+    id: String,
+    /// The comparison it belongs to (its baseline comes first).
+    set: String,
+    run: Runner,
+}
+
+fn lock_case<L: CounterLock>(group: &'static str, id: String, set: &str, threads: usize, lock: L) -> Case {
+    let lock = Arc::new(lock);
+    Case {
+        group,
+        id,
+        set: set.to_owned(),
+        run: Box::new(move |budget| {
+            let lock = Arc::clone(&lock);
+            drive(threads, budget, move || lock.with(|n| *n += 1))
+        }),
+    }
+}
+
+fn work_case<L: CounterLock>(
+    group: &'static str,
+    id: &str,
+    (cs, out): (u64, u64),
+    threads: usize,
+    lock: Arc<L>,
+) -> Case {
+    let inside = cs * work_per_us() / 1000;
+    let outside = out * work_per_us() / 1000;
+    let set = scenario_set((cs, out), threads);
+    Case {
+        group,
+        id: format!("{id}/{set}"),
+        set,
+        run: Box::new(move |budget| {
+            let lock = Arc::clone(&lock);
+            drive(threads, budget, move || {
+                lock.with(|n| *n = n.wrapping_add(busy(inside)));
+                busy(outside);
+            })
+        }),
+    }
+}
+
+fn scenario_set((cs, out): (u64, u64), threads: usize) -> String {
+    format!("{cs}+{out}ns/{threads}")
+}
+
+/// The adaptive comparison's scenarios: (critical section, work outside),
+/// ns.
+fn scenarios() -> Vec<(u64, u64)> {
+    if let Ok(spec) = std::env::var("SUBETHA_BENCH_ADAPTIVE") {
+        return spec
+            .split(',')
+            .filter_map(|s| {
+                let (cs, out) = s.split_once(':')?;
+                Some((cs.trim().parse().ok()?, out.trim().parse().ok()?))
+            })
+            .collect();
+    }
+    vec![(500, 500), (2_000, 2_000), (20_000, 20_000), (50_000, 150_000)]
+}
+
+/// The `contended` group's workload besides the hammer: (critical section,
+/// work outside), ns.
+const CONTENDED_WORK_NS: (u64, u64) = (50, 100);
+/// The budget of the `fixed_spin` variant.
+const FIXED_SPIN_NS: u64 = 16_384;
+const CHANNEL_CAPACITY: usize = 1024;
+
+/// Adaptive locks whose chosen budget the summary reports.
+static ADAPTIVE_LOCKS: parking_lot::Mutex<Vec<(String, u32)>> = parking_lot::const_mutex(Vec::new());
+
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let single = |id: &str| (id.to_owned(), "1".to_owned());
+    for (id, set) in [
+        single("parking_lot"),
+        single("unobserved"),
+        single("subetha"),
+        single("adaptive"),
+    ] {
+        let case = match id.as_str() {
+            "parking_lot" => lock_case("uncontended", id, &set, 1, parking_lot::Mutex::new(0)),
+            "unobserved" => lock_case("uncontended", id, &set, 1, Mutex::unobserved(0)),
+            "subetha" => lock_case("uncontended", id, &set, 1, Mutex::named("bench_uncontended", 0)),
+            _ => lock_case(
+                "uncontended",
+                id,
+                &set,
+                1,
+                AdaptiveMutex::named("bench_uncontended_adaptive", 0),
+            ),
+        };
+        cases.push(case);
+    }
+    for threads in [2, 4] {
+        // The hammer: an empty critical section and nothing outside it.
+        let set = format!("hammer/{threads}");
+        cases.push(lock_case(
+            "contended",
+            format!("parking_lot/{set}"),
+            &set,
+            threads,
+            parking_lot::Mutex::new(0),
+        ));
+        cases.push(lock_case(
+            "contended",
+            format!("subetha/{set}"),
+            &set,
+            threads,
+            Mutex::named(&format!("bench_contended_{threads}"), 0),
+        ));
+        cases.push(lock_case(
+            "contended",
+            format!("adaptive/{set}"),
+            &set,
+            threads,
+            AdaptiveMutex::named(&format!("bench_contended_adaptive_{threads}"), 0),
+        ));
+        // Some work: a short critical section and twice that outside.
+        let work = CONTENDED_WORK_NS;
+        let pl = Arc::new(parking_lot::Mutex::new(0));
+        cases.push(work_case("contended", "parking_lot", work, threads, pl));
+        let plain = Mutex::named(&format!("bench_contended_work_{threads}"), 0);
+        cases.push(work_case("contended", "subetha", work, threads, Arc::new(plain)));
+        let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{threads}"), 0);
+        cases.push(work_case(
+            "contended",
+            "adaptive",
+            work,
+            threads,
+            Arc::new(adaptive),
+        ));
+    }
+    for (shape, producers, consumers) in [("spsc", 1, 1), ("mpmc", 2, 2)] {
+        cases.push(Case {
+            group: "channel",
+            id: format!("crossbeam/{shape}"),
+            set: shape.to_owned(),
+            run: Box::new(move |budget| {
+                drive_channel(producers, consumers, budget, || {
+                    crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
+                })
+            }),
+        });
+        let name = format!("bench_channel_{shape}");
+        cases.push(Case {
+            group: "channel",
+            id: format!("subetha/{shape}"),
+            set: shape.to_owned(),
+            run: Box::new(move |budget| {
+                drive_channel(producers, consumers, budget, || {
+                    Channel::<u64>::named(&name, CHANNEL_CAPACITY)
+                })
+            }),
+        });
+    }
+    for scenario in scenarios() {
+        for threads in [2, 4] {
+            let tag = format!("{}_{}_{threads}", scenario.0, scenario.1);
+            cases.push(work_case(
+                "adaptive",
+                "parking_lot",
+                scenario,
+                threads,
+                Arc::new(parking_lot::Mutex::new(0)),
+            ));
+            let plain = Mutex::named(&format!("bench_plain_{tag}"), 0);
+            cases.push(work_case(
+                "adaptive",
+                "subetha",
+                scenario,
+                threads,
+                Arc::new(plain),
+            ));
+            let adaptive = AdaptiveMutex::named(&format!("bench_adaptive_{tag}"), 0);
+            ADAPTIVE_LOCKS.lock().push((
+                scenario_set(scenario, threads),
+                adaptive.instance_id().expect("registered"),
+            ));
+            cases.push(work_case(
+                "adaptive",
+                "adaptive",
+                scenario,
+                threads,
+                Arc::new(adaptive),
+            ));
+            let fixed = AdaptiveMutex::named(&format!("bench_fixed_{tag}"), 0);
+            let word = PolicyWord::default()
+                .with_spin_ns(FIXED_SPIN_NS)
+                .with_spin_pinned(true);
+            set_policy_word(fixed.instance_id().expect("registered"), word);
+            fixed.refresh_policy();
+            cases.push(work_case(
+                "adaptive",
+                "fixed_spin",
+                scenario,
+                threads,
+                Arc::new(fixed),
+            ));
+        }
+    }
+    cases
+}
+
+// ---------------------------------------------------------------------------
+// Pass 1: criterion.
+
+fn quick() -> bool {
+    std::env::var("SUBETHA_BENCH_QUICK").is_ok_and(|v| v == "1")
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn criterion_pass(cases: &[Case]) {
+    let mut c = Criterion::default().configure_from_args();
+    for group_name in ["uncontended", "contended", "channel", "adaptive"] {
+        let mut group = c.benchmark_group(group_name);
+        if quick() {
+            group
+                .warm_up_time(Duration::from_millis(300))
+                .measurement_time(Duration::from_millis(700))
+                .sample_size(10);
+        } else {
+            group
+                .warm_up_time(Duration::from_secs(1))
+                .measurement_time(Duration::from_secs(3))
+                .sample_size(if group_name == "adaptive" { 10 } else { 20 });
+        }
+        group.throughput(Throughput::Elements(1));
+        for case in cases.iter().filter(|c| c.group == group_name) {
+            group.bench_function(&case.id, |b| {
+                b.iter_custom(|iters| (case.run)(Budget::Ops(iters)).1)
+            });
+        }
+        group.finish();
+    }
+    c.final_summary();
+}
+
+// ---------------------------------------------------------------------------
+// Pass 2: interleaved comparison.
+
+struct Row {
+    group: &'static str,
+    id: String,
+    ns_per_op: f64,
+    /// Median process CPU time (all threads, sidecar included) per op.
+    cpu_ns_per_op: f64,
+    /// Median, min and max over the rounds of baseline ns / this ns.
+    ratio: (f64, f64, f64),
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
+    let (rounds, slice) = if quick() {
+        (3, Duration::from_millis(100))
+    } else {
+        (
+            env_u64("SUBETHA_BENCH_ROUNDS", 25),
+            Duration::from_millis(env_u64("SUBETHA_BENCH_SLICE_MS", 60)),
+        )
+    };
+    let mut rows = Vec::new();
+    let mut sets: Vec<(&str, &str)> = Vec::new();
+    for case in cases {
+        if !sets.contains(&(case.group, case.set.as_str())) {
+            sets.push((case.group, &case.set));
+        }
+    }
+    for (group, set) in sets {
+        let members: Vec<&Case> = cases
+            .iter()
+            .filter(|c| c.group == group && c.set == set)
+            .collect();
+        if filter.is_some_and(|f| {
+            !members
+                .iter()
+                .any(|c| format!("{}/{}", c.group, c.id).contains(f))
+        }) {
+            continue;
+        }
+        eprintln!("interleaved: {group} {set} ({} rounds of {slice:?} each)", rounds);
+        // Warm-up: one slice each (the adaptive policy gets to decide).
+        for case in &members {
+            (case.run)(Budget::Time(slice));
+        }
+        let mut ns: Vec<Vec<f64>> = vec![Vec::new(); members.len()];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); members.len()];
+        for round in 0..rounds {
+            // Rotate the starting member so none always runs first.
+            for k in 0..members.len() {
+                let i = (k + round as usize) % members.len();
+                let cpu_before = process_cpu_ns();
+                let (ops, elapsed) = (members[i].run)(Budget::Time(slice));
+                let cpu_used = process_cpu_ns().saturating_sub(cpu_before);
+                ns[i].push(elapsed.as_nanos() as f64 / ops.max(1) as f64);
+                cpu[i].push(cpu_used as f64 / ops.max(1) as f64);
+            }
+        }
+        for (i, case) in members.iter().enumerate() {
+            let mut ratios: Vec<f64> = ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect();
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            rows.push(Row {
+                group,
+                id: case.id.clone(),
+                ns_per_op: median(&mut ns[i].clone()),
+                cpu_ns_per_op: median(&mut cpu[i].clone()),
+                ratio: (median(&mut ratios), lo, hi),
+            });
+        }
+    }
+    rows
+}
+
+/// User + system CPU time of the whole process, ns.
+fn process_cpu_ns() -> u64 {
+    // SAFETY: `rusage` is plain old data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable `rusage`.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+fn summary(rows: &[Row], started: Instant, load_before: &str) {
+    let mut out = String::from(
+        "group        implementation/case            wall ns/op  CPU ns/op  thrpt vs baseline: median [min–max]\n",
+    );
+    for row in rows {
+        let (mid, lo, hi) = row.ratio;
+        out.push_str(&format!(
+            "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% [{:.1}–{:.1}%]\n",
+            row.group,
+            row.id,
+            row.ns_per_op,
+            row.cpu_ns_per_op,
+            100.0 * mid,
+            100.0 * lo,
+            100.0 * hi
+        ));
+    }
+    out.push_str(
+        "(medians over the rounds; CPU = the whole process's user+system time per element, sidecar included;\n \
+         throughput ratio paired per round against the first row of each comparison, parking_lot or crossbeam;\n \
+         >100% = faster)\n",
+    );
+    for (set, id) in ADAPTIVE_LOCKS.lock().iter() {
+        let word = PolicyWord(policy_word(*id).unwrap_or(0));
+        out.push_str(&format!(
+            "adaptive {set}: budget chosen by the policy: {}\n",
+            word.spin_ns()
+                .map_or("unset (default)".to_owned(), |ns| format!("{ns} ns"))
+        ));
+    }
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load3 = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    out.push_str(&format!(
+        "cpus {cpus}; loadavg before {} after {}; wall time {:.0} s; busy work {} iterations/µs\n",
+        load3(load_before),
+        load3(&load),
+        started.elapsed().as_secs_f64(),
+        work_per_us()
+    ));
+    println!("\n{out}");
+    let dir = target_dir().join("subetha-bench");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join("primitives.txt"), &out);
+    }
+}
+
+fn main() {
+    // The sidecar drains and runs the adaptive policy; `always` keeps an
+    // agent on the host from taking the segment over mid-run.
+    subetha_core::set_sidecar_mode(SidecarMode::Always);
+    subetha_core::process_segment().expect("process segment");
+    let started = Instant::now();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    work_per_us();
+    let cases = cases();
+    if std::env::var("SUBETHA_BENCH_CRITERION").map_or(true, |v| v != "0") {
+        criterion_pass(&cases);
+    }
+    // The filter criterion was given (first argument that is not a flag).
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let rows = interleaved(&cases, filter.as_deref());
+    summary(&rows, started, &load_before);
+}
