@@ -8,7 +8,9 @@
 //! external agent should drain. The sidecar is the segment's consumer: it
 //! holds the consumer lease while it runs and gives it back when stopped.
 //!
-//! The scan thread sleeps `interval` (default 200 µs) between scans and
+//! The scan thread sleeps `interval` (default 200 µs) between scans that
+//! find work, backing off to `max_interval` (5 ms) while all rings are idle,
+//! and
 //! evaluates policies every `policy_interval` (default 10 ms): a policy's
 //! verdict is written into the instance's policy word, which the primitive
 //! reads on its own schedule.
@@ -138,8 +140,12 @@ pub trait Policy: Send + 'static {
 /// Sidecar timing and behaviour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidecarConfig {
-    /// Pause between scans.
+    /// Pause between scans while rings have work (the shortest pause).
     pub interval: Duration,
+    /// Longest pause: while every ring is idle the pause doubles up to this,
+    /// so an idle process pays a few hundred wakeups a second, not
+    /// thousands; the first scan that finds work returns to `interval`.
+    pub max_interval: Duration,
     /// Pause between policy evaluations.
     pub policy_interval: Duration,
     /// Pause between lease checks while another consumer drains.
@@ -153,6 +159,7 @@ impl Default for SidecarConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_micros(200),
+            max_interval: Duration::from_millis(5),
             policy_interval: Duration::from_millis(10),
             standby_interval: Duration::from_millis(5),
             yield_to_agent: true,
@@ -298,6 +305,7 @@ pub enum SidecarError {
 
 fn run(shared: &Shared, config: SidecarConfig) {
     let mut next_policy = clock::monotonic_ns();
+    let mut pause = config.interval;
     while !shared.stop.load(Ordering::Acquire) {
         let mut drainer = shared.drainer.lock();
         if !drainer.holds_lease() && !drainer.try_acquire() {
@@ -318,7 +326,12 @@ fn run(shared: &Shared, config: SidecarConfig) {
             apply_policies(shared);
             next_policy = report.started_mono_ns + config.policy_interval.as_nanos() as u64;
         }
-        std::thread::park_timeout(config.interval);
+        pause = if report.drained == 0 && report.dropped == 0 {
+            (pause * 2).min(config.max_interval.max(config.interval))
+        } else {
+            config.interval
+        };
+        std::thread::park_timeout(pause);
     }
     // Final drain so nothing pushed before the stop is left behind, then
     // give the lease back.
