@@ -167,6 +167,8 @@ struct State {
     storms: VecDeque<StormReport>,
     next_storm_id: u64,
     scans: VecDeque<(u64, u64)>,
+    /// Observations drained by each scan in `scans`.
+    scan_drained: VecDeque<u64>,
     scan_durations: LatencyHistogram,
     scan_gaps: LatencyHistogram,
     scan_count: u64,
@@ -221,6 +223,7 @@ impl Agent {
                 storms: VecDeque::new(),
                 next_storm_id: 1,
                 scans: VecDeque::new(),
+                scan_drained: VecDeque::new(),
                 scan_durations: LatencyHistogram::new(),
                 scan_gaps: LatencyHistogram::new(),
                 scan_count: 0,
@@ -333,10 +336,11 @@ impl Agent {
             std::thread::park_timeout(self.state.interval);
         }
         self.state.scan_all();
-        self.state.release_all();
         self.state.drain_probe_events();
         self.state.refresh_causes();
+        // The final picture is the one we drained; then hand the leases back.
         let last = self.state.snapshot();
+        self.state.release_all();
         *latest.lock() = Arc::new(last.clone());
         last
     }
@@ -494,6 +498,7 @@ impl State {
             self.scan_gaps.record(started.saturating_sub(end));
         }
         let mut max_fill = 0u32;
+        let mut drained = 0u64;
         for tracked in self.tracked.iter_mut() {
             if tracked.exited.is_some() {
                 continue;
@@ -515,6 +520,7 @@ impl State {
             }
             let report = tracked.drainer.scan();
             max_fill = max_fill.max(report.max_fill);
+            drained += report.drained;
             if exited {
                 // Final drain: the process is gone, its rings hold the rest.
                 for _ in 0..64 {
@@ -533,8 +539,10 @@ impl State {
         self.last_scan_end = Some(ended);
         if self.scans.len() == SCAN_HISTORY {
             self.scans.pop_front();
+            self.scan_drained.pop_front();
         }
         self.scans.push_back((started, ended));
+        self.scan_drained.push_back(drained);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
         }
@@ -699,20 +707,20 @@ impl State {
             let since = storm
                 .begin_mono_ns
                 .saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
-            let scans: Vec<(u64, u64)> = self
+            let recent = self
                 .scans
                 .iter()
                 .rev()
                 .take_while(|&&(_, end)| end >= since)
-                .copied()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+                .count();
+            let first = self.scans.len() - recent;
+            let scans: Vec<(u64, u64)> = self.scans.iter().skip(first).copied().collect();
+            let scan_drained: Vec<u64> = self.scan_drained.iter().skip(first).copied().collect();
             let facts = Facts {
                 off_cpu: &off_cpu,
                 probes: self.probes_active,
                 scans: &scans,
+                scan_drained: &scan_drained,
                 max_interval_ns: self.config.max_scan_interval.as_nanos() as u64,
                 min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
                 ring_capacity: ObservationRing::CAPACITY as u64,

@@ -92,6 +92,9 @@ pub struct Facts<'a> {
     pub probes: bool,
     /// The scanner's scans as (begin, end) ns, chronological.
     pub scans: &'a [(u64, u64)],
+    /// Observations drained by each scan in `scans` (same length; empty if
+    /// unknown).
+    pub scan_drained: &'a [u64],
     /// The scanner's longest intended pause between scans, ns.
     pub max_interval_ns: u64,
     /// The scanner's shortest intended pause between scans, ns.
@@ -255,15 +258,28 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             culprit: None,
         };
     }
-    let longest_scan = facts
+    let (longest_scan, longest_scan_drained) = facts
         .scans
         .iter()
-        .filter(|&&(b, e)| e >= window.0 && b <= window.1)
-        .map(|&(b, e)| e.saturating_sub(b))
+        .enumerate()
+        .filter(|&(_, &(b, e))| e >= window.0 && b <= window.1)
+        .map(|(i, &(b, e))| {
+            (
+                e.saturating_sub(b),
+                facts.scan_drained.get(i).copied().unwrap_or(0),
+            )
+        })
         .max()
-        .unwrap_or(0);
+        .unwrap_or((0, 0));
+    // How fast the scanner drains while it works: if that is below the push
+    // rate, even back-to-back scans lose — the producer outran the drain
+    // capacity, and the long scan is the symptom, not the cause.
+    let drain_rate = (longest_scan > 0 && longest_scan_drained > 0)
+        .then(|| longest_scan_drained as f64 * 1e9 / longest_scan as f64);
+    let outran = matches!((drain_rate, push_rate), (Some(drain), Some(push)) if drain < push);
     if let Some(fill) = fill_ns
         && longest_scan > fill
+        && !outran
     {
         evidence.push(format!(
             "a scan took {} while the ring fills in {}",
@@ -329,6 +345,12 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             interval: None,
             culprit: None,
         };
+    }
+    if let (true, Some(drain)) = (outran, drain_rate) {
+        evidence.push(format!(
+            "working flat out the scanner drains {:.1} M obs/s, less than the producer pushed",
+            drain / 1e6
+        ));
     }
     evidence.push(format!("the scanner ran unhindered, scanning every {}", ms(gap)));
     Cause {
@@ -453,6 +475,7 @@ mod tests {
             off_cpu,
             probes: true,
             scans,
+            scan_drained: &[],
             max_interval_ns: MS,
             min_interval_ns: MS / 10,
             ring_capacity: 4096,
@@ -514,6 +537,29 @@ mod tests {
         let scans = [(999 * MS, 1009 * MS)];
         let cause = diagnose(&s, &facts(&[], &scans));
         assert_eq!(cause.kind, "scanner_too_slow");
+    }
+
+    #[test]
+    fn a_long_scan_that_drains_slower_than_the_push_rate_is_a_burst() {
+        // 10 M obs/s pushed; the long scan drained 8192 in 10 ms (0.8 M/s):
+        // too slow. The same scan draining 200k in 10 ms (20 M/s) kept up
+        // with 10 M/s... so it is slow only relative to the fill time; but a
+        // scan draining 8192 in 1 ms (8 M/s) against 10 M/s pushed means the
+        // producer outran the drain capacity.
+        let s = storm(1000 * MS, 1010 * MS, 100_000, (1000 * MS, 1000 * MS + 50_000));
+        let scans = [(999 * MS, 1000 * MS)];
+        let drained = [8192];
+        let f = Facts {
+            scan_drained: &drained,
+            ..facts(&[], &scans)
+        };
+        let cause = diagnose(&s, &f);
+        assert_eq!(cause.kind, "producer_burst", "{cause:?}");
+        assert!(
+            cause.evidence.iter().any(|e| e.contains("flat out")),
+            "{:?}",
+            cause.evidence
+        );
     }
 
     #[test]
