@@ -212,7 +212,10 @@ fn segment_seen_before_its_magic_is_written_is_served_once_published() {
         "an unpublished segment was refused within its grace period: {:#?}",
         snapshot.refused
     );
-    assert!(served(&snapshot, pid, "late-init").is_none(), "served before its magic was written");
+    assert!(
+        served(&snapshot, pid, "late-init").is_none(),
+        "served before its magic was written"
+    );
     workload.cmd("publish");
     let scans = agent.snapshot().agent.scans;
     let snapshot = wait_agent(&agent, "200 more discovery rounds", |s| {

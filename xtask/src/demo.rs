@@ -98,12 +98,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let demo_pid = demo.0.id();
     let started = Instant::now();
     let hog = stage_hog.then(|| {
-        std::thread::Builder::new()
-            .name("demo-hog".into())
-            .spawn(|| {
-                std::thread::sleep(Duration::from_millis(2500));
-                hog_cpu(1, Duration::from_millis(150))
-            })
+        std::thread::Builder::new().name("demo-hog".into()).spawn(|| {
+            std::thread::sleep(Duration::from_millis(2500));
+            hog_cpu(1, Duration::from_millis(150))
+        })
     });
     if stage_hog {
         eprintln!("demo: at +2.5 s a SCHED_FIFO thread `demo-hog` will hold the scanner's CPU 1 for 150 ms");
