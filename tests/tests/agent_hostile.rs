@@ -50,6 +50,13 @@ fn no_control(text: &str) -> bool {
     !text.chars().any(char::is_control)
 }
 
+/// The tests here measure the whole process (descriptors, mappings, RSS):
+/// they run one at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
@@ -64,6 +71,7 @@ fn subetha_mappings() -> usize {
 
 #[test]
 fn hostile_segments_are_refused_once_each_and_the_rest_served() {
+    let _serial = serial();
     let mut workload = Workload::spawn(WORKLOAD, &["hostile"], &[]);
     let pid = workload.pid();
     let fds: HashMap<String, i32> = workload.segments.iter().cloned().collect();
@@ -192,6 +200,7 @@ fn hostile_segments_are_refused_once_each_and_the_rest_served() {
 
 #[test]
 fn segment_seen_before_its_magic_is_written_is_served_once_published() {
+    let _serial = serial();
     let mut workload = Workload::spawn(WORKLOAD, &["hostile", "--uninit"], &[]);
     let pid = workload.pid();
     let agent = in_process_agent(&[pid], |c| {
@@ -235,6 +244,7 @@ fn segment_seen_before_its_magic_is_written_is_served_once_published() {
 
 #[test]
 fn maximal_segments_keep_the_agent_within_its_memory_budget() {
+    let _serial = serial();
     let scratch = ScratchDir::new("agent-max-geometry");
     // Four valid segments of the largest geometry the agent accepts, with
     // one live instance and one used ring each but high-water marks at
