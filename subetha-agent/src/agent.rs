@@ -974,7 +974,15 @@ impl Tracked {
     fn report(&self) -> ProcessReport {
         let view = self.drainer.view();
         let calibration = view.layout().calibration;
-        let rings: Vec<RingReport> = self.drainer.rings().iter().map(RingReport::from_record).collect();
+        // Slots never claimed are not reported (a hostile high-water mark can
+        // put thousands of them in range).
+        let rings: Vec<RingReport> = self
+            .drainer
+            .rings()
+            .iter()
+            .filter(|r| r.generation != 0 || r.slot_drained_total != 0 || r.slot_dropped_total != 0)
+            .map(RingReport::from_record)
+            .collect();
         let mut instances: Vec<InstanceReport> = self
             .drainer
             .instances()
