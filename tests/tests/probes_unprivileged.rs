@@ -99,7 +99,9 @@ impl Flood {
 
     fn go(&mut self) {
         let stdin = self.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "go").and_then(|()| stdin.flush()).expect("send go");
+        writeln!(stdin, "go")
+            .and_then(|()| stdin.flush())
+            .expect("send go");
         let line = self.line();
         assert!(line.starts_with("flooding "), "flood said {line:?}");
     }
@@ -261,7 +263,10 @@ fn unprivileged_agent_warns_and_keeps_draining() {
     let pid = run.flood.pid;
     let report = process(&snapshot, pid)
         .unwrap_or_else(|| panic!("the flood (pid {pid}) is not in the snapshot: {snapshot:#?}\n{stderr}"));
-    assert!(report.drained > 0, "the agent drained nothing: {report:#?}\n{stderr}");
+    assert!(
+        report.drained > 0,
+        "the agent drained nothing: {report:#?}\n{stderr}"
+    );
     assert_eq!(report.note, None, "{report:#?}");
     assert_eq!(report.storms, snapshot.storms.len() as u64, "{snapshot:#?}");
     if getuid() == 0 {
@@ -298,7 +303,11 @@ fn unprivileged_agent_warns_and_keeps_draining() {
         "the error names the option and the failure:\n{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(output.stdout.is_empty(), "no snapshot printed: {:?}", output.stdout);
+    assert!(
+        output.stdout.is_empty(),
+        "no snapshot printed: {:?}",
+        output.stdout
+    );
 
     let truth = run.flood.finish();
     eprintln!("flood truth: {truth}");

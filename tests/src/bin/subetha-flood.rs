@@ -23,8 +23,6 @@
 //! `{"pid", "tid", "attempted", "queued", "dropped", "lost", "begin_mono_ns",
 //! "end_mono_ns", "achieved_rate"}` (`queued`: `observe` returned
 //! `Ok(true)`, `dropped`: `Ok(false)` (ring full), `lost`: `Err` (no ring)).
-//! With `--hold` it then waits for stdin to close before exiting, so the
-//! test can look at the process alive.
 
 use std::io::{BufRead, Write};
 
@@ -58,10 +56,12 @@ fn main() {
     };
     match opt("cpu") {
         Some("none") => {}
-        Some(cpu) => pin_to(cpu.parse().unwrap_or_else(|_| usage("--cpu: a CPU number or none"))),
+        Some(cpu) => pin_to(
+            cpu.parse()
+                .unwrap_or_else(|_| usage("--cpu: a CPU number or none")),
+        ),
         None => pin_to(0),
     }
-    let hold = args.iter().any(|a| a == "--hold");
 
     let instance = Instance::register(InstanceKind::CUSTOM, "flood").unwrap_or_else(|e| {
         eprintln!("subetha-flood: cannot register: {e}");
@@ -133,11 +133,6 @@ fn main() {
         counts.lost,
         counts.attempted as f64 / seconds,
     ));
-    if hold {
-        while stdin.lock().read_line(&mut line).is_ok_and(|n| n > 0) {
-            line.clear();
-        }
-    }
 }
 
 enum Mode {
@@ -175,7 +170,7 @@ fn say(line: &str) {
 
 fn usage(error: &str) -> ! {
     eprintln!(
-        "subetha-flood: {error}\nusage: subetha-flood [--cpu C|none] [--hold] \
+        "subetha-flood: {error}\nusage: subetha-flood [--cpu C|none] \
          (--rate OBS_PER_SEC --duration-ms MS [--batch N] | --burst N)"
     );
     std::process::exit(2)
