@@ -114,6 +114,8 @@ const PROBE_DRAIN_NS: u64 = 50_000_000;
 const PRODUCER_HISTORY: usize = 4096;
 /// Migrations kept per producer thread.
 const MIGRATION_HISTORY: usize = 64;
+/// A scanner runqueue wait worth keeping as evidence.
+const SIGNIFICANT_WAIT_NS: u64 = 500_000;
 /// Scanner off-CPU intervals kept (from the probes).
 const OFF_CPU_HISTORY: usize = 8192;
 /// A storm's cause is (re)computed until this long after it ended, as late
@@ -686,6 +688,16 @@ impl State {
 
     /// Records a scanner off-CPU interval reported by the sched probes.
     pub(crate) fn record_off_cpu(&mut self, interval: OffCpu) {
+        // Keep only intervals that could explain a storm: a real runqueue
+        // wait, or a sleep beyond the scanner's own pause. The scanner's
+        // ordinary pauses (thousands a second) would otherwise push the
+        // evidence out of the history before its storm's cause settles.
+        let pause = self.config.max_scan_interval.as_nanos() as u64;
+        if interval.runnable_wait_ns() < SIGNIFICANT_WAIT_NS
+            && interval.asleep_ns() <= pause.saturating_mul(2)
+        {
+            return;
+        }
         if self.off_cpu.len() == OFF_CPU_HISTORY {
             self.off_cpu.pop_front();
         }
@@ -733,6 +745,12 @@ impl State {
                     .unwrap_or_default(),
             };
             let verdict = cause::diagnose(storm, &facts);
+            // Evidence only ever leaves the bounded histories: a verdict
+            // with kernel evidence is not replaced by a weaker one.
+            let verdict = match storm.cause.take() {
+                Some(old) if old.confidence == "high" && verdict.confidence != "high" => old,
+                _ => verdict,
+            };
             if settled {
                 storm.cause_settled = true;
                 *self

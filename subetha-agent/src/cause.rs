@@ -112,6 +112,8 @@ pub struct Facts<'a> {
 /// Share of the longest scan gap that a runnable wait must cover to be the
 /// cause.
 const EXPLAINS: f64 = 0.5;
+/// Least run delay (from /proc, without probes) taken as a preemption.
+const SIGNIFICANT_DELAY_NS: u64 = 500_000;
 
 /// The verdict for `storm`.
 pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
@@ -128,7 +130,19 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         .max(facts.max_interval_ns);
     let window = (begin.saturating_sub(lookback), end);
     let gap = storm.max_scan_gap_ns.max(1);
-    let push_rate = push_rate(storm, facts.ring_capacity);
+    // The ring was empty when the last scan before the storm ended and full
+    // at the first drop: that is the fill time, when known.
+    let filled_in = facts
+        .scans
+        .iter()
+        .rev()
+        .find(|&&(_, scan_end)| scan_end <= begin)
+        .map(|&(_, scan_end)| begin - scan_end)
+        .filter(|&ns| ns >= 1_000);
+    let push_rate = match filled_in {
+        Some(ns) => Some(facts.ring_capacity as f64 * 1e9 / ns as f64),
+        None => push_rate(storm, facts.ring_capacity),
+    };
     let fill_ns = fill_time_ns(facts.ring_capacity, push_rate);
     let mut evidence = vec![
         format!(
@@ -240,6 +254,7 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     let confidence = if facts.probes { "high" } else { "low" };
     if !facts.probes
         && let Some((delay, involuntary)) = sched_delta(facts.sched_samples, window)
+        && delay >= SIGNIFICANT_DELAY_NS
         && delay as f64 >= EXPLAINS * gap as f64
     {
         evidence.push(format!(
@@ -277,9 +292,14 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     let drain_rate = (longest_scan > 0 && longest_scan_drained > 0)
         .then(|| longest_scan_drained as f64 * 1e9 / longest_scan as f64);
     let outran = matches!((drain_rate, push_rate), (Some(drain), Some(push)) if drain < push);
+    // A scan that spent its time draining at least a ring-full was long
+    // because the producer kept refilling the ring, not because the scanner
+    // was slow for the work it had.
+    let busy_draining = longest_scan_drained >= facts.ring_capacity;
     if let Some(fill) = fill_ns
         && longest_scan > fill
         && !outran
+        && !busy_draining
     {
         evidence.push(format!(
             "a scan took {} while the ring fills in {}",
@@ -301,7 +321,9 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
     // The scanner ran and paused as configured. Was the pause the problem,
     // or would even back-to-back scans have lost?
-    let near_min = gap <= facts.min_interval_ns.saturating_mul(3).max(200_000);
+    // Pauses of a millisecond or less are wake-up jitter around a short
+    // interval, not a configuration to blame.
+    let near_min = gap <= facts.min_interval_ns.saturating_mul(3).max(1_000_000);
     // A gap far beyond the scanner's longest pause, with nothing seen
     // keeping it off its CPU: it stalled for a reason not observed (e.g.
     // without probes, or inside the agent's own work).
@@ -366,11 +388,12 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
 }
 
-/// A lower bound of the producer's push rate during the storm, obs/s: it
-/// filled the ring and then dropped `dropped` in the storm's duration.
+/// A lower bound of the producer's push rate during the storm, obs/s, when
+/// the fill time is unknown: it filled the ring and then dropped `dropped`
+/// in the storm's duration (at least 1 µs).
 fn push_rate(storm: &StormReport, capacity: u64) -> Option<f64> {
     let duration = storm.duration_ns.max(storm.max_scan_gap_ns);
-    (duration > 0).then(|| (storm.dropped + capacity) as f64 * 1e9 / duration as f64)
+    (duration >= 1_000).then(|| (storm.dropped + capacity) as f64 * 1e9 / duration as f64)
 }
 
 fn fill_time_ns(capacity: u64, rate: Option<f64>) -> Option<u64> {

@@ -655,9 +655,6 @@ fn preemption_flood_args() -> Vec<&'static str> {
 }
 
 #[test]
-#[ignore = "bug: agent.rs keeps only OFF_CPU_HISTORY (8192) scanner off-CPU intervals, under 2 s of a \
-            100 us scanner's sleeps, so the hog's interval is evicted before the cause settles and the \
-            verdict decays from scanner_preempted (high) to scanner_stalled (low)"]
 fn probes_preempted_scanner_names_the_hog() {
     const TEST: &str = "probes_preempted_scanner_names_the_hog";
     let _serial = serial();
@@ -775,8 +772,6 @@ fn check_burst(test: &str, staged: &Staged, confidence: &str) {
 }
 
 #[test]
-#[ignore = "bug: cause.rs diagnose() calls a burst `scanner_too_slow` whenever the producer pushes \
-            faster than a scan drains (the scan that drains a full ring always outlasts the fill time)"]
 fn probes_burst_with_an_unhindered_scanner_is_a_producer_burst() {
     const TEST: &str = "probes_burst_with_an_unhindered_scanner_is_a_producer_burst";
     let _serial = serial();
@@ -788,8 +783,6 @@ fn probes_burst_with_an_unhindered_scanner_is_a_producer_burst() {
 }
 
 #[test]
-#[ignore = "bug: cause.rs diagnose() calls parts of a burst `scanner_too_slow` (push rate of a storm \
-            shorter than a scan, absurd) and `scan_interval_too_long` (gap jitter above 3 x min interval)"]
 fn probes_off_burst_is_still_a_producer_burst() {
     const TEST: &str = "probes_off_burst_is_still_a_producer_burst";
     let _serial = serial();

@@ -315,8 +315,6 @@ fn unprivileged_agent_warns_and_keeps_draining() {
 }
 
 #[test]
-#[ignore = "bug: the final snapshot reports every drained process as `waiting` \
-            (agent.rs State::release_all turns Held leases into Waiting before the last snapshot)"]
 fn unprivileged_snapshot_shows_the_flood_attached() {
     let mut run = snapshot_unprivileged("probes-unprivileged-state");
     let snapshot = run.snapshot();
