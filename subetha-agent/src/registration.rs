@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-use subetha_core::announce::{MESSAGE_PREFIX, SYSTEM_SOCKET};
+use subetha_core::announce::{MESSAGE_PREFIX, Received, SYSTEM_SOCKET, recv_fds};
 
 /// A segment an application announced.
 #[derive(Debug)]
@@ -138,48 +138,13 @@ fn receive(stream: &UnixStream) -> io::Result<Option<Registered>> {
     stream.set_read_timeout(Some(Duration::from_millis(200)))?;
     let pid = peer_pid(stream)?;
     let mut buf = [0u8; 64];
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: a zeroed msghdr is a valid empty message.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = size_of_val(&control) as _;
-    // SAFETY: `msg` points at buffers that outlive the call. MSG_CMSG_CLOEXEC
-    // keeps received descriptors from leaking into children.
-    let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // Take ownership of every received descriptor first, so any we do not
-    // use are closed.
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    // SAFETY: iterating the control headers the kernel wrote into
-    // `control`, within msg_controllen; each SCM_RIGHTS payload is an array
-    // of ints whose count follows from cmsg_len.
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&msg);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(header).cast::<libc::c_int>();
-                let bytes = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / size_of::<libc::c_int>() {
-                    let fd = data.add(i).read_unaligned();
-                    if fd >= 0 {
-                        fds.push(OwnedFd::from_raw_fd(fd));
-                    }
-                }
-            }
-            header = libc::CMSG_NXTHDR(&msg, header);
-        }
-    }
-    let truncated = msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0;
-    if truncated || !buf[..n as usize].starts_with(MESSAGE_PREFIX) || fds.len() != 1 {
-        return Ok(None);
+    let Received {
+        len,
+        mut fds,
+        truncated,
+    } = recv_fds(stream, &mut buf)?;
+    if truncated || !buf[..len].starts_with(MESSAGE_PREFIX) || fds.len() != 1 {
+        return Ok(None); // dropping `fds` closes whatever came
     }
     Ok(Some(Registered {
         pid,

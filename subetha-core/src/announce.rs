@@ -101,6 +101,66 @@ pub fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>, payload: &[u8]) -> std::
     Ok(())
 }
 
+/// One message received with [`recv_fds`].
+#[derive(Debug)]
+pub struct Received {
+    /// Payload bytes written into the caller's buffer.
+    pub len: usize,
+    /// Every descriptor that came with it (owned: dropped ones are closed).
+    pub fds: Vec<std::os::fd::OwnedFd>,
+    /// The payload or the descriptors did not fit (`MSG_TRUNC`/`MSG_CTRUNC`).
+    pub truncated: bool,
+}
+
+/// Receives one message and any descriptors attached to it (`SCM_RIGHTS`,
+/// up to 8), close-on-exec. The peer is untrusted: every descriptor is taken
+/// into ownership so none leaks, whatever the caller keeps.
+pub fn recv_fds(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<Received> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: a zeroed msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    // SAFETY: `msg` points at buffers that outlive the call. MSG_CMSG_CLOEXEC
+    // keeps received descriptors from leaking into children.
+    let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: iterating the control headers the kernel wrote into
+    // `control`, within msg_controllen; each SCM_RIGHTS payload is an array
+    // of ints whose count follows from cmsg_len.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&msg);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(header).cast::<libc::c_int>();
+                let bytes = ((*header).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                for i in 0..bytes / size_of::<libc::c_int>() {
+                    let fd = data.add(i).read_unaligned();
+                    if fd >= 0 {
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+            }
+            header = libc::CMSG_NXTHDR(&msg, header);
+        }
+    }
+    Ok(Received {
+        len: n as usize,
+        fds,
+        truncated: msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,31 +182,12 @@ mod tests {
         let file = std::fs::File::open("/proc/self/stat").unwrap();
         send_fd(&a, std::os::fd::AsFd::as_fd(&file), MESSAGE_PREFIX).unwrap();
         let mut buf = [0u8; 64];
-        let mut control = [0u64; 4];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: a zeroed msghdr is valid; buffers outlive the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = size_of_val(&control) as _;
-        // SAFETY: as above.
-        let n = unsafe { libc::recvmsg(b.as_raw_fd(), &mut msg, 0) };
-        assert_eq!(n as usize, MESSAGE_PREFIX.len());
-        // SAFETY: the kernel filled `control`; the first header is valid.
-        let received = unsafe {
-            let header = libc::CMSG_FIRSTHDR(&msg);
-            assert!(!header.is_null());
-            assert_eq!((*header).cmsg_type, libc::SCM_RIGHTS);
-            libc::CMSG_DATA(header).cast::<libc::c_int>().read_unaligned()
-        };
-        assert!(received >= 0);
+        let got = recv_fds(&b, &mut buf).unwrap();
+        assert_eq!(&buf[..got.len], MESSAGE_PREFIX);
+        assert!(!got.truncated);
+        assert_eq!(got.fds.len(), 1);
+        let received = got.fds[0].as_raw_fd();
         let link = std::fs::read_link(format!("/proc/self/fd/{received}")).unwrap();
         assert!(link.to_string_lossy().ends_with("/stat"), "{link:?}");
-        // SAFETY: closing the descriptor we received and own.
-        unsafe { libc::close(received) };
     }
 }
