@@ -59,7 +59,18 @@ fn ci() -> Result<()> {
     cargo(&["test", "--workspace", "--all-targets"], &[])?;
     cargo(&["test", "--workspace", "--doc"], &[])?;
     // The optional async primitives.
-    cargo(&["test", "-p", "subetha-core", "--features", "tokio", "--lib", "primitives"], &[])?;
+    cargo(
+        &[
+            "test",
+            "-p",
+            "subetha-core",
+            "--features",
+            "tokio",
+            "--lib",
+            "primitives",
+        ],
+        &[],
+    )?;
     // loom: model-check the ring under every interleaving it allows. A
     // separate target dir keeps the cfg from invalidating the normal build.
     let loom = [("RUSTFLAGS", "--cfg loom")];
