@@ -276,7 +276,10 @@ mod tests {
         *pair.0.lock() = true;
         assert!(pair.1.notify_one());
         waiter.join().unwrap();
-        let r = wait_for(&name, |r| op(r, op::WAIT).0 >= 1);
+        // Ops from two threads' rings: wait for all of them.
+        let r = wait_for(&name, |r| {
+            op(r, op::WAIT).0 >= 1 && op(r, op::NOTIFY_ONE).0 >= 2 && op(r, op::NOTIFY_ALL).0 >= 1
+        });
         assert_eq!(op(&r, op::WAIT), (1, 0, 0, 1));
         assert_eq!(op(&r, op::NOTIFY_ONE), (2, 0, 1, 0));
         assert_eq!(op(&r, op::NOTIFY_ALL), (1, 0, 1, 0));

@@ -341,7 +341,11 @@ mod tests {
         assert_eq!(s.available_permits(), 0);
         s.add_permits(1);
         assert_eq!(s.available_permits(), 1);
-        let r = wait_for(&name, |r| op(r, op::ADD_PERMITS).0 >= 1);
+        // The three acquires come from two threads' rings: wait for all of
+        // them (a lost one times out here), not just the latest op.
+        let r = wait_for(&name, |r| {
+            op(r, op::ADD_PERMITS).0 >= 1 && op(r, op::ACQUIRE).0 >= 3
+        });
         assert_eq!(op(&r, op::ACQUIRE), (3, 1, 0, 1));
         assert_eq!(op(&r, op::TRY_ACQUIRE), (2, 1, 2, 1));
         // Every hold sampled: the first permit and the waiter's (the
