@@ -40,7 +40,7 @@
 //! use, so memory rewritten by a hostile process can produce wrong numbers
 //! but never an out-of-bounds access.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 
@@ -503,7 +503,7 @@ impl Segment {
                 (None, Backing::Anonymous)
             }
         };
-        let mapping = Mapping::map(fd.as_ref().map(|fd| fd.as_fd_borrowed()), geometry.total_size)?;
+        let mapping = Mapping::map(fd.as_ref().map(AsFd::as_fd), geometry.total_size)?;
         let layout = SegmentLayout {
             magic: MAGIC,
             abi_version: ABI_VERSION,
@@ -546,7 +546,7 @@ impl Segment {
 
     /// The memfd, when backed by one.
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
-        self.fd.as_ref().map(|fd| fd.as_fd_borrowed())
+        self.fd.as_ref().map(AsFd::as_fd)
     }
 
     /// How the memory was obtained.
@@ -559,16 +559,6 @@ impl Segment {
     /// segment belonged to it.
     pub(crate) fn forget_fd(&mut self) {
         self.fd = None;
-    }
-}
-
-trait AsFdBorrowed {
-    fn as_fd_borrowed(&self) -> BorrowedFd<'_>;
-}
-
-impl AsFdBorrowed for OwnedFd {
-    fn as_fd_borrowed(&self) -> BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
     }
 }
 
