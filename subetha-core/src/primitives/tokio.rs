@@ -630,7 +630,12 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(guard);
         waiter.await.unwrap();
-        let r = wait_for(&name, |r| op(r, mutex::op::UNLOCK).0 >= 2);
+        // Ops from two worker threads' rings: wait for all of them.
+        let r = wait_for(&name, |r| {
+            op(r, mutex::op::LOCK).0 >= 2
+                && op(r, mutex::op::TRY_LOCK).0 >= 1
+                && op(r, mutex::op::UNLOCK).0 >= 2
+        });
         assert_eq!(op(&r, mutex::op::LOCK), (2, 1, 0, 1));
         assert_eq!(op(&r, mutex::op::TRY_LOCK), (1, 0, 1, 0));
         assert_eq!(op(&r, mutex::op::UNLOCK), (2, 0, 0, 2));
