@@ -11,6 +11,8 @@
 //! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
+//! * [`top`] — the live terminal view; [`report`] — storm pictures and HTML.
+//! * [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
 
 pub mod agent;
 pub mod cause;
@@ -21,8 +23,11 @@ pub mod export;
 pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod otlp;
 pub mod probes;
 pub mod registration;
+pub mod report;
+pub mod top;
 
 pub use agent::{Agent, AgentConfig, AgentHandle, ProbeMode};
 pub use model::AgentSnapshot;

@@ -40,6 +40,10 @@ enum Command {
     Status(StatusArgs),
     /// Drop storms of a running agent, newest first.
     Storms(StatusArgs),
+    /// Live terminal view of a running agent.
+    Top(subetha_agent::top::TopArgs),
+    /// Storm timeline pictures (SVG/PNG) or an HTML report of recent storms.
+    Report(subetha_agent::report::ReportArgs),
     /// What this host and user allow, and what will be skipped.
     Doctor {
         /// Print JSON.
@@ -140,6 +144,13 @@ struct RunArgs {
     /// Do not listen for registrations; discover through /proc only.
     #[arg(long)]
     no_socket: bool,
+    /// Also push metrics to this OTLP/HTTP collector endpoint
+    /// (e.g. http://127.0.0.1:4318/v1/metrics).
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// Period of the OTLP export.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    otlp_interval: Duration,
 }
 
 #[derive(clap::Args)]
@@ -194,6 +205,8 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Snapshot(args) => snapshot(args),
         Command::Status(args) => status(args, false),
         Command::Storms(args) => status(args, true),
+        Command::Top(args) => subetha_agent::top::run(args),
+        Command::Report(args) => subetha_agent::report::run(args),
         Command::Doctor { json } => {
             let checks = doctor::run();
             if json {
@@ -250,6 +263,13 @@ fn run(args: RunArgs) -> Result<()> {
         let agent = Arc::clone(&agent);
         Arc::new(move || agent.snapshot())
     };
+    let otlp = match args.otlp_endpoint.as_deref() {
+        None => None,
+        Some(endpoint) => Some(
+            subetha_agent::otlp::start(endpoint, args.otlp_interval, Arc::clone(&source))
+                .with_context(|| format!("starting the OTLP export to {endpoint}"))?,
+        ),
+    };
     runtime.block_on(async {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let server = tokio::spawn(http::serve(listener, Arc::clone(&source), {
@@ -276,6 +296,7 @@ fn run(args: RunArgs) -> Result<()> {
         let _ = stop_tx.send(true);
         let _ = server.await;
     });
+    drop(otlp);
     drop(source);
     let agent = Arc::try_unwrap(agent).map_err(|_| anyhow::anyhow!("agent still referenced at shutdown"))?;
     let last = agent.stop();
