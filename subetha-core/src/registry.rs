@@ -20,6 +20,7 @@
 //!   in the header's `lost_no_ring` and reported as an error.
 
 use std::cell::{Cell, RefCell};
+use std::num::NonZeroU32;
 use std::ptr;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
@@ -286,7 +287,9 @@ fn copy_bytes(from: &[std::sync::atomic::AtomicU8], to: &[std::sync::atomic::Ato
 /// final statistics.
 #[derive(Debug)]
 pub struct Instance {
-    id: u32,
+    // Never 0 (the entry index is stored + 1), which keeps
+    // `Option<Instance>` at 4 bytes inside the primitives.
+    id: NonZeroU32,
 }
 
 impl Instance {
@@ -296,13 +299,14 @@ impl Instance {
         validate_name(name)?;
         let segment = process_segment()?;
         let id = register_in(segment.view(), kind, name)?;
+        let id = NonZeroU32::new(id).expect("instance ids carry the entry index + 1, never 0");
         Ok(Instance { id })
     }
 
     /// The id observations carry: entry index + 1 in the low 16 bits, the
     /// entry's generation in the high 16.
     pub fn id(&self) -> u32 {
-        self.id
+        self.id.get()
     }
 
     /// Pushes one observation into the calling thread's ring.
@@ -315,7 +319,7 @@ impl Instance {
         let producer = PRODUCER.get();
         if !producer.ring.is_null() {
             let obs = Observation {
-                instance_id: self.id,
+                instance_id: self.id.get(),
                 op_kind,
                 flags,
                 latency_ticks,
@@ -328,7 +332,7 @@ impl Instance {
             // pointer at thread exit or fork.
             return Ok(unsafe { &*producer.ring }.push_stamped(obs));
         }
-        observe_slow(Observation::new(self.id, op_kind, flags, latency_ticks))
+        observe_slow(Observation::new(self.id.get(), op_kind, flags, latency_ticks))
     }
 
     /// The policy word a consumer set for this instance (0 by default).
@@ -338,7 +342,7 @@ impl Instance {
 
     fn entry(&self) -> Option<&'static InstanceEntry> {
         let segment = process_segment().ok()?;
-        let entry = segment.view().instance(entry_index(self.id)?)?;
+        let entry = segment.view().instance(entry_index(self.id.get())?)?;
         Some(entry)
     }
 }
@@ -346,7 +350,7 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         if let Some(entry) = self.entry()
-            && entry.generation.load(Ordering::Relaxed) & 0xFFFF == self.id >> 16
+            && entry.generation.load(Ordering::Relaxed) & 0xFFFF == self.id.get() >> 16
         {
             entry
                 .retired_mono_ns

@@ -95,7 +95,7 @@
 
 use std::panic::Location;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::clock;
 use crate::observation::Observation;
@@ -393,15 +393,25 @@ fn lost(error: crate::registry::RegistryError) {
     }
 }
 
-/// What one primitive caches of its policy word: the hold-sampling mask
-/// (sample when `n & mask == 0`; [`Sampler::OFF`] = never), the whole word
-/// (for the adaptive spin budget), and when a slow path last re-read it.
+/// What one primitive caches of its policy word (the hold-sampling level
+/// and, for adaptive locks, the spin budget) and when a slow path last
+/// re-read it.
+///
+/// Eight bytes on purpose: it lives in the primitive next to the lock word,
+/// and a small primitive keeps the lock word and the protected data in one
+/// cache line (see `mutex::RawMutex`). The sampling mask is derived from
+/// the word when needed (a few register operations) rather than cached.
 #[derive(Debug)]
 pub(crate) struct Sampler {
-    mask: AtomicU32,
     word: AtomicU32,
-    refreshed_at: AtomicU64,
+    /// `ticks() >> REFRESH_TICK_SHIFT` at the last slow-path refresh
+    /// (wrapping; compared by difference).
+    refreshed_at: AtomicU32,
 }
+
+/// Units of `Sampler::refreshed_at`: 2^16 ticks (~25 µs at 2.6 GHz), so a
+/// `u32` wraps only after ~30 hours.
+const REFRESH_TICK_SHIFT: u32 = 16;
 
 impl Sampler {
     /// Mask meaning "never sample".
@@ -409,9 +419,18 @@ impl Sampler {
 
     pub(crate) const fn new() -> Self {
         Self {
-            mask: AtomicU32::new((1 << DEFAULT_SAMPLE_SHIFT) - 1),
             word: AtomicU32::new(0),
-            refreshed_at: AtomicU64::new(0),
+            refreshed_at: AtomicU32::new(0),
+        }
+    }
+
+    /// The hold-sampling mask of the cached word: sample operation `n` when
+    /// `n & mask == 0`; [`Sampler::OFF`] = never.
+    #[inline(always)]
+    fn mask(&self) -> u32 {
+        match PolicyWord(self.word.load(Ordering::Relaxed)).sample_shift() {
+            Some(shift) => (1u32 << shift) - 1,
+            None => Self::OFF,
         }
     }
 
@@ -420,13 +439,13 @@ impl Sampler {
     /// under it ⇒ call [`Sampler::wants_sample`] / refresh.
     #[inline(always)]
     pub(crate) fn check_mask(&self) -> u32 {
-        self.mask.load(Ordering::Relaxed) & (REFRESH_EVERY - 1)
+        self.mask() & (REFRESH_EVERY - 1)
     }
 
     /// Whether operation `n` is a sampled one.
     #[inline]
     pub(crate) fn wants_sample(&self, n: u32) -> bool {
-        let mask = self.mask.load(Ordering::Relaxed);
+        let mask = self.mask();
         mask != Self::OFF && n & mask == 0
     }
 
@@ -440,12 +459,13 @@ impl Sampler {
     /// (at most once per [`SLOW_PATH_REFRESH_NS`]); claims the refresh.
     #[inline]
     pub(crate) fn slow_path_due(&self, now: u64) -> bool {
+        let now_units = (now >> REFRESH_TICK_SHIFT) as u32;
         let last = self.refreshed_at.load(Ordering::Relaxed);
-        if now.wrapping_sub(last) < ticks_per_spin_unit() * (SLOW_PATH_REFRESH_NS / PolicyWord::SPIN_UNIT_NS)
-        {
+        let period_ticks = ticks_per_spin_unit() * (SLOW_PATH_REFRESH_NS / PolicyWord::SPIN_UNIT_NS);
+        if u64::from(now_units.wrapping_sub(last)) < (period_ticks >> REFRESH_TICK_SHIFT).max(1) {
             return false;
         }
-        self.refreshed_at.store(now, Ordering::Relaxed);
+        self.refreshed_at.store(now_units, Ordering::Relaxed);
         true
     }
 
@@ -457,11 +477,6 @@ impl Sampler {
 
     /// Caches `word`.
     pub(crate) fn apply(&self, word: PolicyWord) {
-        let mask = match word.sample_shift() {
-            Some(shift) => (1u32 << shift) - 1,
-            None => Self::OFF,
-        };
-        self.mask.store(mask, Ordering::Relaxed);
         self.word.store(word.0, Ordering::Relaxed);
     }
 }
