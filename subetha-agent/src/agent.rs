@@ -43,6 +43,7 @@ use crate::model::{
 };
 use crate::probes::{ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
+use crate::report::timeline::{self, DropTrace, TimelineInputs};
 
 /// How the agent behaves.
 #[derive(Clone, Debug)]
@@ -127,6 +128,13 @@ const EXITED_HISTORY: usize = 4096;
 const UNINITIALISED_GRACE: Duration = Duration::from_secs(5);
 /// Refused segments remembered (one error log each).
 const REFUSED_HISTORY: usize = 256;
+/// Storms (the newest) whose timelines are kept for `report`.
+const TIMELINE_HISTORY: usize = 64;
+/// How often unsettled storms' timelines are rebuilt (and once more when
+/// their cause settles).
+const TIMELINE_REFRESH_NS: u64 = 200_000_000;
+/// CPU observations kept per producer thread (for storm timelines).
+const PRODUCER_CPU_HISTORY: usize = 256;
 
 enum Lease {
     /// We drain.
@@ -191,6 +199,13 @@ struct State {
     /// (ns, from, to), bounded.
     producer_cpus: HashMap<u32, u32>,
     producer_migrations: HashMap<u32, VecDeque<(u64, u32, u32)>>,
+    /// Per producer thread: (ns, CPU) as probe events placed it, bounded;
+    /// for storm timelines.
+    producer_cpu_seen: HashMap<u32, VecDeque<(u64, u32)>>,
+    /// Per process: its rings' drop counters where they changed, for storm
+    /// timelines.
+    drop_traces: HashMap<u32, DropTrace>,
+    next_timeline_refresh_ns: u64,
 }
 
 /// The agent's scan engine (not yet running).
@@ -244,6 +259,9 @@ impl Agent {
                 next_probe_drain_ns: 0,
                 producer_cpus: HashMap::new(),
                 producer_migrations: HashMap::new(),
+                producer_cpu_seen: HashMap::new(),
+                drop_traces: HashMap::new(),
+                next_timeline_refresh_ns: 0,
             },
         }
     }
@@ -449,12 +467,14 @@ impl State {
     }
 
     fn refuse(&mut self, candidate: &Candidate, reason: String) {
-        tracing::error!(
-            pid = candidate.pid,
-            path = %candidate.path().display(),
-            %reason,
-            "refusing subetha segment"
-        );
+        if let Some(permit) = crate::logging::throttle("refusing subetha segment", candidate.pid) {
+            tracing::error!(
+                pid = candidate.pid,
+                path = %candidate.path().display(),
+                %reason,
+                "refusing subetha segment{permit}"
+            );
+        }
         self.refused_keys.insert((candidate.pid, candidate.inode));
         if self.refused.len() == REFUSED_HISTORY {
             self.refused.pop_front();
@@ -487,8 +507,9 @@ impl State {
         tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
         if let Some(probes) = self.probes.as_mut()
             && let Err(error) = probes.attach_producer_process(tracked.pid)
+            && let Some(permit) = crate::logging::throttle("drop-hook uprobes not attached", tracked.pid)
         {
-            tracing::warn!(pid = tracked.pid, %error, "drop-hook uprobes not attached");
+            tracing::warn!(pid = tracked.pid, %error, "drop-hook uprobes not attached{permit}");
         }
         tracked.try_take_lease(self.config.takeover_timeout);
         self.tracked.push(tracked);
@@ -545,6 +566,7 @@ impl State {
         }
         self.scans.push_back((started, ended));
         self.scan_drained.push_back(drained);
+        self.trace_drops(ended);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
         }
@@ -655,8 +677,14 @@ impl State {
                         holder_comm: interval.holder_comm.clone(),
                     });
                 }
-                ProbeEvent::DropBegin { tid, cpu, .. } => {
+                ProbeEvent::DropBegin { tid, cpu, ts_ns, .. } => {
                     self.producer_cpus.insert(*tid, *cpu);
+                    self.saw_producer_on(*tid, *ts_ns, *cpu);
+                }
+                ProbeEvent::DropEnd { tid, cpu, ts_ns, .. } => self.saw_producer_on(*tid, *ts_ns, *cpu),
+                ProbeEvent::OffCpu(interval) if wanted.contains(&interval.tid) => {
+                    self.saw_producer_on(interval.tid, interval.out_ts, interval.cpu_out);
+                    self.saw_producer_on(interval.tid, interval.in_ts, interval.cpu_in);
                 }
                 ProbeEvent::Migrate {
                     tid,
@@ -671,6 +699,7 @@ impl State {
                     }
                     list.push_back((*ts_ns, *orig_cpu, *dest_cpu));
                     self.producer_cpus.insert(*tid, *dest_cpu);
+                    self.saw_producer_on(*tid, *ts_ns, *dest_cpu);
                 }
                 _ => {}
             }
@@ -683,6 +712,80 @@ impl State {
         }
         if self.producer_migrations.len() > PRODUCER_HISTORY {
             self.producer_migrations.retain(|tid, _| wanted.contains(tid));
+        }
+        if self.producer_cpu_seen.len() > PRODUCER_HISTORY {
+            self.producer_cpu_seen.retain(|tid, _| wanted.contains(tid));
+        }
+    }
+
+    /// Remembers that a probe event saw producer `tid` on `cpu` at `at_ns`.
+    fn saw_producer_on(&mut self, tid: u32, at_ns: u64, cpu: u32) {
+        if at_ns == 0 {
+            return;
+        }
+        let seen = self.producer_cpu_seen.entry(tid).or_default();
+        if seen.len() == PRODUCER_CPU_HISTORY {
+            seen.pop_front();
+        }
+        seen.push_back((at_ns, cpu));
+    }
+
+    /// Records the drop counters the scan that ended at `ended` read, per
+    /// process (only changes are kept).
+    fn trace_drops(&mut self, ended: u64) {
+        let previous_end = self.scans.iter().rev().nth(1).map(|&(_, end)| end);
+        for tracked in &self.tracked {
+            self.drop_traces
+                .entry(tracked.pid)
+                .or_default()
+                .record(tracked.drainer.rings(), previous_end, ended);
+        }
+    }
+
+    /// Rebuilds the timelines of storms whose cause has not settled (on a
+    /// timer, and a last time as it settles), forgets the timelines of all
+    /// but the newest [`TIMELINE_HISTORY`] storms and the drop traces of
+    /// processes that neither run nor have such a storm.
+    fn refresh_timelines(&mut self, now: u64) {
+        let due = now >= self.next_timeline_refresh_ns;
+        if due {
+            self.next_timeline_refresh_ns = now + TIMELINE_REFRESH_NS;
+        }
+        let mut pids_in_use: HashSet<u32> = self.tracked.iter().map(|t| t.pid).collect();
+        for (index, storm) in self.storms.iter_mut().rev().enumerate() {
+            if index >= TIMELINE_HISTORY {
+                if storm.timeline.is_none() {
+                    break; // older ones were forgotten before
+                }
+                storm.timeline = None;
+                continue;
+            }
+            if storm.cause_settled {
+                continue;
+            }
+            pids_in_use.insert(storm.pid);
+            let settling = storm
+                .end_mono_ns
+                .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
+            if !(due || settling || storm.timeline.is_none()) {
+                continue;
+            }
+            let inputs = TimelineInputs {
+                now,
+                trace: self.drop_traces.get(&storm.pid),
+                scans: &self.scans,
+                probes_active: self.probes_active,
+                probes_note: &self.probes_note,
+                off_cpu: &self.off_cpu,
+                min_wait_ns: SIGNIFICANT_WAIT_NS,
+                max_ordinary_sleep_ns: (self.config.max_scan_interval.as_nanos() as u64).saturating_mul(2),
+                producer_cpu: self.producer_cpu_seen.get(&storm.tid),
+            };
+            let built = timeline::build(storm, &inputs, storm.timeline.as_deref());
+            storm.timeline = Some(Arc::new(built));
+        }
+        if due {
+            self.drop_traces.retain(|pid, _| pids_in_use.contains(pid));
         }
     }
 
@@ -707,6 +810,7 @@ impl State {
     /// Diagnoses storms that ended recently (or still go on).
     fn refresh_causes(&mut self) {
         let now = clock::monotonic_ns();
+        self.refresh_timelines(now);
         let samples: Vec<SchedSample> = self.sched_samples.iter().copied().collect();
         let off_cpu: Vec<OffCpu> = self.off_cpu.iter().cloned().collect();
         for storm in self.storms.iter_mut().rev() {
@@ -860,15 +964,18 @@ impl State {
                 scan_gaps: gaps,
                 cause: None,
                 cause_settled: false,
+                timeline: None,
             };
-            tracing::warn!(
-                storm = id,
-                pid = storm.pid,
-                tid = storm.tid,
-                thread = %storm.thread_name,
-                dropped = storm.dropped,
-                "drop storm"
-            );
+            if let Some(permit) = crate::logging::throttle("drop storm", storm.pid) {
+                tracing::warn!(
+                    storm = id,
+                    pid = storm.pid,
+                    tid = storm.tid,
+                    thread = %storm.thread_name,
+                    dropped = storm.dropped,
+                    "drop storm{permit}"
+                );
+            }
             if self.storms.len() == self.config.storm_history {
                 self.storms.pop_front();
             }
@@ -947,7 +1054,9 @@ impl Tracked {
                         }
                         Err(e) => e.to_string(),
                     };
-                    tracing::warn!(pid = self.pid, holder, %note, "takeover not granted; will retry");
+                    if let Some(permit) = crate::logging::throttle("takeover not granted", self.pid) {
+                        tracing::warn!(pid = self.pid, holder, %note, "takeover not granted; will retry{permit}");
+                    }
                     self.lease = Lease::Waiting(note, Instant::now() + Duration::from_secs(10));
                 }
                 None => self.lease = Lease::Requested(request, since),

@@ -7,6 +7,7 @@
 //! | `/api/v1/processes`  | `[ProcessReport]`; `?pid=N` filters                     |
 //! | `/api/v1/instances`  | `[{pid, comm, …InstanceReport}]`; `?pid=N` filters      |
 //! | `/api/v1/storms`     | `[StormReport]`, oldest first; `?pid=N`, `?since=ID` (ids above ID) filter |
+//! | `/api/v1/storms/{id}` | one storm with its timeline ([`StormDetail`]); 404 when not kept |
 //! | `/healthz`           | `ok scans=N`, or 503 when the scan thread stopped publishing |
 //!
 //! Every answer is rendered from the latest snapshot the source returns.
@@ -24,7 +25,7 @@ use anyhow::Context as _;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -32,7 +33,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{self, Format};
-use crate::model::{AgentSnapshot, InstanceReport, ProcessReport, StormReport};
+use crate::model::{AgentSnapshot, InstanceReport, ProcessReport, StormDetail, StormReport};
 
 /// Where the server gets the latest snapshot.
 pub type SnapshotSource = Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync>;
@@ -90,6 +91,7 @@ fn router_with_state(state: AppState) -> Router {
         .route("/api/v1/processes", get(api_processes))
         .route("/api/v1/instances", get(api_instances))
         .route("/api/v1/storms", get(api_storms))
+        .route("/api/v1/storms/{id}", get(api_storm))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -156,6 +158,7 @@ async fn index() -> &'static str {
      /api/v1/processes   instrumented processes (JSON; ?pid=N)\n\
      /api/v1/instances   instances of all processes (JSON; ?pid=N)\n\
      /api/v1/storms      drop storms (JSON; ?pid=N&since=ID)\n\
+     /api/v1/storms/ID   one storm with its timeline (JSON)\n\
      /healthz            liveness\n"
 }
 
@@ -268,6 +271,24 @@ async fn api_storms(
     Ok(Json(storms).into_response())
 }
 
+async fn api_storm(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let id: u64 = id
+        .parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("bad storm id {id:?}: expected a number")))?;
+    let snapshot = state.snapshot()?;
+    let storm = snapshot.storms.iter().find(|s| s.id == id).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no storm {id}: the agent keeps the newest {} (see /api/v1/storms)", snapshot.storms.len()),
+        )
+    })?;
+    Ok(Json(StormDetail {
+        storm: storm.clone(),
+        timeline: storm.timeline.as_deref().cloned(),
+    })
+    .into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +360,53 @@ mod tests {
             out.push_str(&after[..size]);
             rest = &after[size + 2..];
         }
+    }
+
+    #[tokio::test]
+    async fn storm_detail_serves_the_timeline_the_snapshot_leaves_out() {
+        use crate::model::{DropSample, RingDrops, StormTimeline};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut snapshot = sample();
+        let timeline = StormTimeline {
+            rings: vec![RingDrops {
+                slot: 1,
+                tid: 4243,
+                thread_name: "worker-1".into(),
+                storm_ring: true,
+                samples: vec![DropSample {
+                    at_mono_ns: 150,
+                    dropped: 30,
+                }],
+            }],
+            ..StormTimeline::default()
+        };
+        snapshot.storms[0].timeline = Some(Arc::new(timeline.clone()));
+        let snapshot = Arc::new(snapshot);
+        let source: SnapshotSource = Arc::new(move || Arc::clone(&snapshot));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, source, async move {
+            let _ = stop_rx.await;
+        }));
+
+        let whole = request(addr, "GET", "/api/v1/snapshot", "").await;
+        assert!(!whole.body.contains("timeline"), "{}", whole.body);
+        let reply = request(addr, "GET", "/api/v1/storms/1", "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let detail: StormDetail = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(detail.storm.id, 1);
+        assert_eq!(detail.timeline, Some(timeline));
+        let without = request(addr, "GET", "/api/v1/storms/2", "").await.json();
+        assert_eq!(without["storm"]["id"], 2);
+        assert!(without["timeline"].is_null());
+        let unknown = request(addr, "GET", "/api/v1/storms/99", "").await;
+        assert_eq!(unknown.status, 404);
+        assert!(unknown.json()["error"].as_str().unwrap().contains("no storm 99"));
+        let bad = request(addr, "GET", "/api/v1/storms/x1", "").await;
+        assert_eq!(bad.status, 400);
+
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test]

@@ -13,14 +13,18 @@
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
 //! * [`top`] — the live terminal view; [`report`] — storm pictures and HTML.
 //! * [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
+//! * [`config`] — `run`'s flags and config file; [`logging`] — log output
+//!   and rate-limited warnings.
 
 pub mod agent;
 pub mod cause;
 pub mod client;
+pub mod config;
 pub mod discovery;
 pub mod doctor;
 pub mod export;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod otlp;

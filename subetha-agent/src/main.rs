@@ -1,20 +1,41 @@
 //! `subetha-agent`: the command line.
+//!
+//! `run` combines its flags with the config file (see
+//! [`subetha_agent::config`]), logs in text or JSON
+//! ([`subetha_agent::logging`]) and, under systemd (`NOTIFY_SOCKET` set),
+//! reports readiness, status, watchdog pings and shutdown through
+//! `sd_notify`. The unlisted `generate` command writes the man pages and
+//! shell completions `cargo xtask dist` ships.
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use anyhow::{Context, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+use subetha_agent::config::{FileConfig, RunArgs, RunSettings, ScanArgs};
 use subetha_agent::export::JsonlExporter;
-use subetha_agent::{Agent, AgentConfig, AgentSnapshot, ProbeMode, client, doctor, http};
+use subetha_agent::logging::{self, LogFormat};
+use subetha_agent::{Agent, AgentConfig, AgentSnapshot, client, doctor, http};
 
 #[derive(Parser)]
 #[command(
     name = "subetha-agent",
     version,
-    about = "Drain subetha rings of every instrumented process and serve their statistics"
+    about = "Drain subetha rings of every instrumented process and serve their statistics",
+    after_long_help = "\
+Settings of `run` come from /etc/subetha/agent.toml (or --config PATH) when it exists: every \
+flag has a key of the same name in snake case, and flags given on the command line override \
+the file. `subetha-agent config check` prints the effective settings.
+
+Run as root, the agent listens for applications announcing their segments on \
+/run/subetha/agent.sock.
+
+SUBETHA_LOG sets the log filter (default `info`). Under systemd (Type=notify, NOTIFY_SOCKET \
+set) readiness, status and shutdown are reported through sd_notify; WATCHDOG_USEC turns on \
+watchdog pings, sent while the scan thread makes progress."
 )]
 struct Cli {
     /// Log format on stderr.
@@ -22,12 +43,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -50,6 +65,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The config file of `run`.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print shell completions.
     Completions {
         /// The shell.
@@ -57,100 +75,41 @@ enum Command {
     },
 }
 
-#[derive(clap::Args)]
-struct ScanArgs {
-    /// Only these processes (repeatable).
-    #[arg(long = "pid")]
-    pids: Vec<u32>,
-    /// Pause between /proc scans for new processes.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    discovery_interval: Duration,
-    /// Longest pause between scans (the interval adapts below it).
-    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
-    max_scan_interval: Duration,
-    /// Shortest pause between scans.
-    #[arg(long, default_value = "100us", value_parser = humantime::parse_duration)]
-    min_scan_interval: Duration,
-    /// How long exited processes' final stats are kept.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    retention: Duration,
-    /// Pin the scan thread to this CPU.
-    #[arg(long)]
-    scanner_cpu: Option<usize>,
-    /// eBPF probes: auto (load when privileges and kernel allow), on (fail
-    /// without them), off.
-    #[arg(long, value_enum, default_value_t = Probes::Auto)]
-    probes: Probes,
+/// `subetha-agent generate man|completions --out-dir DIR`: packaging's
+/// command (`cargo xtask dist`), kept out of [`Cli`] so that neither the
+/// man pages nor the completions offer it.
+#[derive(Parser)]
+#[command(
+    name = "subetha-agent-generate",
+    bin_name = "subetha-agent generate",
+    about = "Write man pages or shell completions into a directory"
+)]
+struct GenerateCli {
+    #[command(subcommand)]
+    what: GenerateCommand,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Probes {
-    Auto,
-    On,
-    Off,
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate the config file together with `run` flags and print the
+    /// settings `run` would use, each with where it came from.
+    Check(RunArgs),
 }
 
-impl ScanArgs {
-    fn config(&self) -> Result<AgentConfig> {
-        for (flag, value) in [
-            ("--min-scan-interval", self.min_scan_interval),
-            ("--max-scan-interval", self.max_scan_interval),
-            ("--discovery-interval", self.discovery_interval),
-        ] {
-            if value.is_zero() {
-                bail!("{flag} must be greater than zero");
-            }
-        }
-        if self.min_scan_interval > self.max_scan_interval {
-            bail!("--min-scan-interval must not exceed --max-scan-interval");
-        }
-        Ok(AgentConfig {
-            pids: (!self.pids.is_empty()).then(|| self.pids.clone()),
-            discovery_interval: self.discovery_interval,
-            min_scan_interval: self.min_scan_interval,
-            max_scan_interval: self.max_scan_interval,
-            retention: self.retention,
-            scanner_cpu: self.scanner_cpu,
-            probes: match self.probes {
-                Probes::Auto => ProbeMode::Auto,
-                Probes::On => ProbeMode::On,
-                Probes::Off => ProbeMode::Off,
-            },
-            ..AgentConfig::default()
-        })
-    }
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    #[command(flatten)]
-    scan: ScanArgs,
-    /// Address for /metrics and the JSON API. Loopback by default; binding
-    /// another interface must be asked for explicitly.
-    #[arg(long, default_value = "127.0.0.1:9464")]
-    listen: SocketAddr,
-    /// Write storms and periodic snapshots as JSON lines to PATH (or - for
-    /// stdout).
-    #[arg(long, value_name = "PATH|-")]
-    export_jsonl: Option<String>,
-    /// Snapshot period in the JSON-lines export.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    export_interval: Duration,
-    /// Registration socket applications announce new segments on
-    /// (default: /run/subetha/agent.sock for root, else
-    /// $XDG_RUNTIME_DIR/subetha/agent.sock).
-    #[arg(long, value_name = "PATH", conflicts_with = "no_socket")]
-    socket: Option<std::path::PathBuf>,
-    /// Do not listen for registrations; discover through /proc only.
-    #[arg(long)]
-    no_socket: bool,
-    /// Also push metrics to this OTLP/HTTP collector endpoint
-    /// (e.g. http://127.0.0.1:4318/v1/metrics).
-    #[arg(long, value_name = "URL")]
-    otlp_endpoint: Option<String>,
-    /// Period of the OTLP export.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    otlp_interval: Duration,
+#[derive(Subcommand)]
+enum GenerateCommand {
+    /// Man pages: subetha-agent.1 and one per subcommand.
+    Man {
+        /// Directory to write them into (created if missing).
+        #[arg(long)]
+        out_dir: PathBuf,
+    },
+    /// Completions for bash, zsh and fish.
+    Completions {
+        /// Directory to write them into (created if missing).
+        #[arg(long)]
+        out_dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -169,16 +128,25 @@ struct SnapshotArgs {
 struct StatusArgs {
     /// Address of the running agent.
     #[arg(long, default_value = "127.0.0.1:9464")]
-    addr: SocketAddr,
+    addr: std::net::SocketAddr,
     /// Print JSON.
     #[arg(long)]
     json: bool,
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    match dispatch(cli.command) {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == "generate") {
+        args.remove(1);
+        return exit_code(generate(GenerateCli::parse_from(args).what));
+    }
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    exit_code(start(cli, &matches))
+}
+
+fn exit_code(result: Result<()>) -> std::process::ExitCode {
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("subetha-agent: {error:#}");
@@ -187,21 +155,39 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SUBETHA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+/// Resolves `run`'s settings (they choose the log format), starts logging,
+/// runs the command.
+fn start(cli: Cli, matches: &ArgMatches) -> Result<()> {
+    let (_, sub_matches) = matches.subcommand().expect("a subcommand is required");
+    let log_format_given = [matches, sub_matches]
+        .iter()
+        .any(|m| matches!(m.value_source("log_format"), Some(ValueSource::CommandLine)));
+    let settings = |args: &RunArgs, run_matches: &ArgMatches| {
+        let file = FileConfig::load(args.config.as_deref())?;
+        RunSettings::resolve(args, run_matches, file, (cli.log_format, log_format_given))
+    };
+    match cli.command {
+        Command::Run(args) => {
+            let settings = settings(&args, sub_matches)?;
+            logging::init(settings.log_format);
+            run(settings)
+        }
+        Command::Config(ConfigCommand::Check(args)) => {
+            let (_, check_matches) = sub_matches.subcommand().expect("config has a subcommand");
+            let settings = settings(&args, check_matches)?;
+            print!("{}", settings.to_toml());
+            Ok(())
+        }
+        command => {
+            logging::init(cli.log_format);
+            dispatch(command)
+        }
     }
 }
 
 fn dispatch(command: Command) -> Result<()> {
     match command {
-        Command::Run(args) => run(args),
+        Command::Run(_) | Command::Config(_) => unreachable!("handled in start()"),
         Command::Snapshot(args) => snapshot(args),
         Command::Status(args) => status(args, false),
         Command::Storms(args) => status(args, true),
@@ -228,18 +214,138 @@ fn dispatch(command: Command) -> Result<()> {
     }
 }
 
-fn run(args: RunArgs) -> Result<()> {
-    let config = AgentConfig {
-        registration_socket: (!args.no_socket).then(|| {
-            args.socket
-                .clone()
-                .unwrap_or_else(subetha_core::announce::user_socket_path)
-        }),
-        ..args.scan.config()?
-    };
-    let mut exporter = match args.export_jsonl.as_deref() {
+fn generate(what: GenerateCommand) -> Result<()> {
+    match what {
+        GenerateCommand::Man { out_dir } => generate_man(&out_dir),
+        GenerateCommand::Completions { out_dir } => generate_completions(&out_dir),
+    }
+}
+
+/// `subetha-agent.1` plus `subetha-agent-<sub>[-<subsub>].1` for every
+/// visible subcommand.
+fn generate_man(out_dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    clap_mangen::generate_to(Cli::command(), out_dir)
+        .with_context(|| format!("writing man pages into {}", out_dir.display()))?;
+    println!("man pages written to {}", out_dir.display());
+    Ok(())
+}
+
+/// `subetha-agent.bash`, `_subetha-agent` (zsh), `subetha-agent.fish`.
+fn generate_completions(out_dir: &Path) -> Result<()> {
+    use clap_complete::Shell;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+        let path = clap_complete::generate_to(shell, &mut Cli::command(), "subetha-agent", out_dir)
+            .with_context(|| format!("writing {shell} completions into {}", out_dir.display()))?;
+        println!("{shell} completions written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Talks to systemd when it started us with `Type=notify` (`NOTIFY_SOCKET`
+/// set); does nothing otherwise. A failure to notify is logged once and
+/// further notifications are dropped (systemd then times the start out,
+/// which is the right outcome for a broken notify socket).
+struct ServiceManager {
+    enabled: bool,
+    /// Half the watchdog period systemd asked for, if it asked.
+    watchdog_every: Option<Duration>,
+    last_ping: Instant,
+    /// The scan thread's last published snapshot time at the last ping: a
+    /// ping is sent only when it has moved, so a hung scan thread gets the
+    /// agent restarted.
+    last_scan_progress: u64,
+    last_status: String,
+    next_status: Instant,
+}
+
+impl ServiceManager {
+    fn from_env() -> Self {
+        let enabled = std::env::var_os("NOTIFY_SOCKET").is_some();
+        Self {
+            enabled,
+            watchdog_every: enabled
+                .then(sd_notify::watchdog_enabled)
+                .flatten()
+                .map(|period| period / 2),
+            last_ping: Instant::now(),
+            last_scan_progress: 0,
+            last_status: String::new(),
+            next_status: Instant::now(),
+        }
+    }
+
+    fn notify(&mut self, states: &[sd_notify::NotifyState]) {
+        if !self.enabled {
+            return;
+        }
+        if let Err(error) = sd_notify::notify(states) {
+            tracing::warn!(%error, "cannot notify the service manager (NOTIFY_SOCKET); giving up on it");
+            self.enabled = false;
+        }
+    }
+
+    fn ready(&mut self) {
+        self.notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status("started; discovering instrumented processes"),
+        ]);
+    }
+
+    /// Called every tick: a status line every few seconds when it changed,
+    /// a watchdog ping when due and the scan thread has made progress.
+    fn tick(&mut self, snapshot: &AgentSnapshot) {
+        if !self.enabled {
+            return;
+        }
+        let now = Instant::now();
+        if now >= self.next_status {
+            self.next_status = now + Duration::from_secs(5);
+            let count = |state: &str| snapshot.processes.iter().filter(|p| p.state == state).count();
+            let draining = count("attached");
+            let status = format!(
+                "draining {draining} process{}, {} waiting for a lease; {} storms recorded",
+                if draining == 1 { "" } else { "es" },
+                count("waiting"),
+                snapshot.storms.len(),
+            );
+            if status != self.last_status {
+                self.notify(&[sd_notify::NotifyState::Status(&status)]);
+                self.last_status = status;
+            }
+        }
+        if let Some(every) = self.watchdog_every
+            && now.duration_since(self.last_ping) >= every
+        {
+            let progress = snapshot.agent.taken_mono_ns;
+            if progress != self.last_scan_progress {
+                self.last_scan_progress = progress;
+                self.last_ping = now;
+                self.notify(&[sd_notify::NotifyState::Watchdog]);
+            } else if let Some(permit) = logging::throttle("scan thread not publishing", ()) {
+                tracing::warn!("scan thread has published nothing since the last watchdog ping{permit}");
+            }
+        }
+    }
+
+    fn stopping(&mut self) {
+        self.notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("shutting down: handing leases back"),
+        ]);
+    }
+}
+
+fn run(settings: RunSettings) -> Result<()> {
+    let mut service = ServiceManager::from_env();
+    if let Some(path) = &settings.config_file {
+        tracing::info!(path = %path.display(), "config file read");
+    }
+    let config = settings.agent_config();
+    let mut exporter = match settings.export_jsonl.as_deref() {
         None => None,
-        Some(target) => Some(JsonlExporter::open(target, args.export_interval)?),
+        Some(target) => Some(JsonlExporter::open(target, settings.export_interval)?),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -254,19 +360,19 @@ fn run(args: RunArgs) -> Result<()> {
     })?;
     // Bind before starting the scan thread so a busy port fails fast.
     let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(args.listen))
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(addr = %args.listen, "serving /metrics and /api/v1");
+        .block_on(tokio::net::TcpListener::bind(settings.listen))
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    tracing::info!(addr = %settings.listen, "serving /metrics and /api/v1");
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     let agent = Arc::new(agent);
     let source: Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync> = {
         let agent = Arc::clone(&agent);
         Arc::new(move || agent.snapshot())
     };
-    let otlp = match args.otlp_endpoint.as_deref() {
+    let otlp = match settings.otlp_endpoint.as_deref() {
         None => None,
         Some(endpoint) => Some(
-            subetha_agent::otlp::start(endpoint, args.otlp_interval, Arc::clone(&source))
+            subetha_agent::otlp::start(endpoint, settings.otlp_interval, Arc::clone(&source))
                 .with_context(|| format!("starting the OTLP export to {endpoint}"))?,
         ),
     };
@@ -278,6 +384,9 @@ fn run(args: RunArgs) -> Result<()> {
                 let _ = stop_rx.changed().await;
             }
         }));
+        // The listener is bound (connections queue from now on) and the
+        // scan thread runs: ready.
+        service.ready();
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let signals = shutdown_signal(signals);
         tokio::pin!(signals);
@@ -285,13 +394,16 @@ fn run(args: RunArgs) -> Result<()> {
             tokio::select! {
                 _ = &mut signals => break,
                 _ = tick.tick() => {
-                    if let Some(error) = exporter.as_mut().and_then(|e| e.export(&source()).err()) {
+                    let snapshot = source();
+                    service.tick(&snapshot);
+                    if let Some(error) = exporter.as_mut().and_then(|e| e.export(&snapshot).err()) {
                         tracing::error!(%error, "JSON-lines export failed; disabling it");
                         exporter = None;
                     }
                 }
             }
         }
+        service.stopping();
         tracing::info!("shutting down: handing leases back");
         let _ = stop_tx.send(true);
         let _ = server.await;
@@ -319,7 +431,7 @@ async fn shutdown_signal(
 fn snapshot(args: SnapshotArgs) -> Result<()> {
     let config = AgentConfig {
         publish_interval: Duration::from_secs(3600),
-        ..args.scan.config()?
+        ..args.scan.agent_config()?
     };
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     std::thread::sleep(args.duration);

@@ -9,10 +9,37 @@
 //! OpenMetrics 1.0 (what Prometheus asks for) and the classic text format
 //! 0.0.4 (what `curl … | promtool check metrics` gets).
 //!
-//! # Summaries
+//! # Conventions
 //!
-//! The model keeps latency and scan timing as quantiles, not buckets, and
-//! `prometheus-client` has no summary type, so the three summary families
+//! Checked by `promtool check metrics` (promlint) in the tests below and
+//! end to end against a real Prometheus in `tests/tests/agent_prometheus_e2e.rs`:
+//! every family is prefixed `subetha_` and has HELP and TYPE (and UNIT in
+//! OpenMetrics); counters end in `_total`, and only counters do; times are
+//! in seconds (`_seconds`), sizes in bytes (`_bytes`); states and causes
+//! are labels of one family (`subetha_processes{state}`,
+//! `subetha_storms_total{cause}`), never part of a name; facts about a
+//! thing that are not numbers are `_info` series. Labels: `pid`, `comm` on
+//! everything about a process; `slot`, `tid`, `thread` for a ring;
+//! `instance_id`, `instance_name`, `kind` for an instance, `op` for its op
+//! kind. The per-ring counters sum to the process's totals (`sum by (pid)`);
+//! the example alerts and dashboard in `contrib/` are built on these names
+//! and a test fails when one of theirs is not served.
+//!
+//! [`crate::otlp`] exports the same series (through [`views`] and the
+//! [`ProcessView`] label helpers) over OTLP.
+//!
+//! # Summaries, not histograms
+//!
+//! Latency and scan timing are summaries, deliberately. The snapshot every
+//! output is rendered from carries quantiles (p50/p90/p99/p99.9 and the
+//! exact maximum), computed per instance and op from the agent's
+//! log-bucketed histograms in TSC ticks, converted with each process's own
+//! calibration; bucket counts are not in the model, and re-bucketing ticks
+//! of differently calibrated processes onto one fixed set of second
+//! boundaries would lose the precision the quantiles have. The usual case
+//! for histograms — aggregating across series — does not arise: each
+//! series is one instance's op kind, read on its own. `prometheus-client`
+//! has no summary type, so the three summary families
 //! (`subetha_scan_duration_seconds`, `subetha_scan_gap_seconds`,
 //! `subetha_instance_latency_seconds`) are written by this module after the
 //! collector's families, with the same label escaping. They carry
@@ -123,7 +150,7 @@ pub fn render(snapshot: &Arc<AgentSnapshot>, format: Format) -> Result<String, f
 
 /// A label value: borrowed text or a number.
 #[derive(Clone, Copy, Debug)]
-enum Value<'a> {
+pub(crate) enum Value<'a> {
     Str(&'a str),
     Num(u64),
 }
@@ -137,25 +164,27 @@ impl EncodeLabelValue for Value<'_> {
     }
 }
 
-type Labels<'a> = Vec<(&'static str, Value<'a>)>;
+/// Label names and values of one series, in order.
+pub(crate) type Labels<'a> = Vec<(&'static str, Value<'a>)>;
 
 /// One process with its rings, instances and op kinds, duplicates removed so
-/// no two series of a family share a label set.
-struct ProcessView<'a> {
-    process: &'a ProcessReport,
-    rings: Vec<&'a RingReport>,
-    instances: Vec<(&'a InstanceReport, Vec<&'a OpReport>)>,
+/// no two series of a family share a label set. Shared with
+/// [`crate::otlp`], so both exports have the same series.
+pub(crate) struct ProcessView<'a> {
+    pub(crate) process: &'a ProcessReport,
+    pub(crate) rings: Vec<&'a RingReport>,
+    pub(crate) instances: Vec<(&'a InstanceReport, Vec<&'a OpReport>)>,
 }
 
 impl<'a> ProcessView<'a> {
-    fn labels(&self) -> Labels<'a> {
+    pub(crate) fn labels(&self) -> Labels<'a> {
         vec![
             ("pid", Value::Num(self.process.pid.into())),
             ("comm", Value::Str(&self.process.comm)),
         ]
     }
 
-    fn ring_labels(&self, ring: &'a RingReport) -> Labels<'a> {
+    pub(crate) fn ring_labels(&self, ring: &'a RingReport) -> Labels<'a> {
         let mut labels = self.labels();
         labels.extend([
             ("slot", Value::Num(ring.slot.into())),
@@ -165,7 +194,7 @@ impl<'a> ProcessView<'a> {
         labels
     }
 
-    fn instance_labels(&self, instance: &'a InstanceReport) -> Labels<'a> {
+    pub(crate) fn instance_labels(&self, instance: &'a InstanceReport) -> Labels<'a> {
         let mut labels = self.labels();
         labels.extend([
             ("instance_id", Value::Num(instance.id.into())),
@@ -175,14 +204,49 @@ impl<'a> ProcessView<'a> {
         labels
     }
 
-    fn op_labels(&self, instance: &'a InstanceReport, op: &'a OpReport) -> Labels<'a> {
+    pub(crate) fn op_labels(&self, instance: &'a InstanceReport, op: &'a OpReport) -> Labels<'a> {
         let mut labels = self.instance_labels(instance);
         labels.push(("op", Value::Str(&op.name)));
         labels
     }
 
+    /// `(labels with state, ring slots in that state)` for every state of
+    /// [`RING_STATES`], zeros included.
+    pub(crate) fn ring_states(&self) -> impl Iterator<Item = (Labels<'a>, u64)> + '_ {
+        RING_STATES.iter().map(move |state| {
+            let mut labels = self.labels();
+            labels.push(("state", Value::Str(state)));
+            let count = self.rings.iter().filter(|r| r.state == *state).count() as u64;
+            (labels, count)
+        })
+    }
+
+    /// Ring slots whose indices were impossible.
+    pub(crate) fn corrupt_rings(&self) -> u64 {
+        self.rings.iter().filter(|r| r.corrupt.is_some()).count() as u64
+    }
+
+    /// Storms of this process in `snapshot` that have not ended.
+    pub(crate) fn open_storms(&self, snapshot: &AgentSnapshot) -> u64 {
+        let pid = self.process.pid;
+        snapshot
+            .storms
+            .iter()
+            .filter(|s| s.pid == pid && s.end_mono_ns.is_none())
+            .count() as u64
+    }
+
+    /// `(labels with cause, storms)` for every settled cause.
+    pub(crate) fn storm_causes(&self) -> impl Iterator<Item = (Labels<'a>, u64)> + '_ {
+        self.process.storm_causes.iter().map(move |(cause, count)| {
+            let mut labels = self.labels();
+            labels.push(("cause", Value::Str(cause)));
+            (labels, *count)
+        })
+    }
+
     /// `(labels, instance, op)` for every op kind of every instance.
-    fn ops(&self) -> impl Iterator<Item = (Labels<'a>, &'a InstanceReport, &'a OpReport)> + '_ {
+    pub(crate) fn ops(&self) -> impl Iterator<Item = (Labels<'a>, &'a InstanceReport, &'a OpReport)> + '_ {
         self.instances.iter().flat_map(move |(instance, ops)| {
             ops.iter()
                 .map(move |op| (self.op_labels(instance, op), *instance, *op))
@@ -190,10 +254,22 @@ impl<'a> ProcessView<'a> {
     }
 }
 
+/// Processes by state, the states of [`PROCESS_STATES`] always present.
+pub(crate) fn process_states<'a>(views: &[ProcessView<'a>]) -> Vec<(&'a str, u64)> {
+    let mut states: Vec<(&str, u64)> = PROCESS_STATES.iter().map(|s| (*s, 0)).collect();
+    for view in views {
+        match states.iter_mut().find(|(s, _)| *s == view.process.state) {
+            Some((_, n)) => *n += 1,
+            None => states.push((&view.process.state, 1)),
+        }
+    }
+    states
+}
+
 /// The processes of `snapshot`, a pid reported twice (reused while the
 /// exited one is retained) keeping its live entry, an instance id reported
 /// twice keeping its live entry, an op name reported twice its first entry.
-fn views(snapshot: &AgentSnapshot) -> Vec<ProcessView<'_>> {
+pub(crate) fn views(snapshot: &AgentSnapshot) -> Vec<ProcessView<'_>> {
     let live: HashSet<u32> = snapshot
         .processes
         .iter()
@@ -238,7 +314,8 @@ fn views(snapshot: &AgentSnapshot) -> Vec<ProcessView<'_>> {
     views
 }
 
-fn seconds(ns: u64) -> f64 {
+/// Nanoseconds as seconds.
+pub(crate) fn seconds(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
@@ -362,13 +439,7 @@ impl Collector for SnapshotCollector {
             [(vec![], snapshot.refused.len() as u64)],
         )?;
 
-        let mut states: Vec<(&str, u64)> = PROCESS_STATES.iter().map(|s| (*s, 0)).collect();
-        for view in &views {
-            match states.iter_mut().find(|(s, _)| *s == view.process.state) {
-                Some((_, n)) => *n += 1,
-                None => states.push((&view.process.state, 1)),
-            }
-        }
+        let states = process_states(&views);
         gauge(
             e,
             "subetha_processes",
@@ -423,28 +494,14 @@ impl Collector for SnapshotCollector {
             "subetha_rings",
             "Ring slots of the process by state.",
             None,
-            views.iter().flat_map(|v| {
-                RING_STATES.iter().map(move |state| {
-                    let mut labels = v.labels();
-                    labels.push(("state", Value::Str(state)));
-                    (
-                        labels,
-                        v.rings.iter().filter(|r| r.state == *state).count() as u64,
-                    )
-                })
-            }),
+            views.iter().flat_map(ProcessView::ring_states),
         )?;
         gauge(
             e,
             "subetha_rings_corrupt",
             "Ring slots whose indices were impossible (corrupt or hostile segment).",
             None,
-            views.iter().map(|v| {
-                (
-                    v.labels(),
-                    v.rings.iter().filter(|r| r.corrupt.is_some()).count() as u64,
-                )
-            }),
+            views.iter().map(|v| (v.labels(), v.corrupt_rings())),
         )?;
         let rings = || {
             views
@@ -516,14 +573,6 @@ impl Collector for SnapshotCollector {
             }),
         )?;
 
-        let open_storms = |view: &ProcessView| {
-            let pid = view.process.pid;
-            snapshot
-                .storms
-                .iter()
-                .filter(|s| s.pid == pid && s.end_mono_ns.is_none())
-                .count() as u64
-        };
         counter(
             e,
             "subetha_storms_begun",
@@ -534,20 +583,14 @@ impl Collector for SnapshotCollector {
             e,
             "subetha_storms",
             "Drop storms whose cause is settled, by cause (begun minus these are still being diagnosed).",
-            views.iter().flat_map(|v| {
-                v.process.storm_causes.iter().map(move |(cause, count)| {
-                    let mut labels = v.labels();
-                    labels.push(("cause", Value::Str(cause)));
-                    (labels, *count)
-                })
-            }),
+            views.iter().flat_map(ProcessView::storm_causes),
         )?;
         gauge(
             e,
             "subetha_storms_active",
             "Drop storms of the process still going on.",
             None,
-            views.iter().map(|v| (v.labels(), open_storms(v))),
+            views.iter().map(|v| (v.labels(), v.open_storms(snapshot))),
         )
     }
 }

@@ -326,6 +326,125 @@ pub struct StormReport {
     pub cause: Option<Cause>,
     /// The cause will not change any more (evidence settled after the end).
     pub cause_settled: bool,
+    /// What happened around the storm, for its picture: kept for the newest
+    /// storms only, final once `cause_settled`. Not part of the snapshot's
+    /// JSON (every poll would carry it): `/api/v1/storms/{id}` serves it
+    /// as a [`StormDetail`].
+    #[serde(skip)]
+    pub timeline: Option<std::sync::Arc<StormTimeline>>,
+}
+
+/// One storm with its timeline, as `/api/v1/storms/{id}` serves it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StormDetail {
+    /// The storm.
+    pub storm: StormReport,
+    /// What happened around it (None: no longer kept, or not yet built).
+    #[serde(default)]
+    pub timeline: Option<StormTimeline>,
+}
+
+/// What happened around one storm, bounded: the drops of the process's
+/// rings, the scanner's scans and scheduler states and the producer's CPU
+/// over a window from a margin before the storm's begin to a margin after
+/// its end. Times are CLOCK_MONOTONIC ns.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StormTimeline {
+    /// The window the timeline covers.
+    #[serde(default)]
+    pub window: Interval,
+    /// Rings of the storm's process that dropped in the window, the storm's
+    /// ring first (at most 8).
+    #[serde(default)]
+    pub rings: Vec<RingDrops>,
+    /// The agent's scans in the window (begin, end); scans closer together
+    /// than `scan_resolution_ns` are merged into one.
+    #[serde(default)]
+    pub scans: Vec<Interval>,
+    /// Gap below which consecutive scans were merged, ns (0: none merged).
+    #[serde(default)]
+    pub scan_resolution_ns: u64,
+    /// The scanner's time off its CPU in the window, from the sched probes
+    /// (None: probes not active, states unknown). Time not covered was spent
+    /// running or in its ordinary short pauses.
+    #[serde(default)]
+    pub scanner: Option<Vec<ScannerSpan>>,
+    /// What the scanner lane shows, or why it is empty.
+    #[serde(default)]
+    pub scanner_note: String,
+    /// The producer thread's CPU over the window, from probe events (None:
+    /// probes not active).
+    #[serde(default)]
+    pub producer_cpu: Option<Vec<CpuSpan>>,
+    /// What the producer CPU lane shows, or why it is empty.
+    #[serde(default)]
+    pub producer_cpu_note: String,
+}
+
+/// The drops of one ring over a storm's window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RingDrops {
+    /// Ring slot.
+    pub slot: u32,
+    /// Producer OS thread id.
+    pub tid: u32,
+    /// Its thread name.
+    pub thread_name: String,
+    /// This is the storm's own ring.
+    #[serde(default)]
+    pub storm_ring: bool,
+    /// The ring's cumulative drop count as scans read it, oldest first: the
+    /// drop rate between two samples is their difference over their
+    /// distance. At most a few hundred (thinned evenly over time).
+    #[serde(default)]
+    pub samples: Vec<DropSample>,
+}
+
+/// A ring's drop counter read by a scan.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DropSample {
+    /// When the scan read it, ns.
+    pub at_mono_ns: u64,
+    /// Observations the ring's slot had dropped by then (over its life).
+    pub dropped: u64,
+}
+
+/// A stretch of time the scanner spent off its CPU.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScannerSpan {
+    /// Start, ns.
+    pub begin_mono_ns: u64,
+    /// End, ns.
+    pub end_mono_ns: u64,
+    /// `runnable_waiting` (preempted or woken, waiting for a CPU) or
+    /// `blocked` (asleep).
+    pub state: String,
+    /// The CPU it waited for (runnable) or left (blocked).
+    pub cpu: u32,
+    /// The task that held that CPU until the scanner got it back (for a
+    /// runnable wait), when known.
+    #[serde(default)]
+    pub holder: Option<TaskRef>,
+}
+
+/// A task by pid (the kernel's thread id) and command name.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TaskRef {
+    /// Kernel pid (thread id).
+    pub pid: u32,
+    /// Command name.
+    pub comm: String,
+}
+
+/// A thread on one CPU from `begin` to `end`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpuSpan {
+    /// Start, ns.
+    pub begin_mono_ns: u64,
+    /// End, ns.
+    pub end_mono_ns: u64,
+    /// The CPU.
+    pub cpu: u32,
 }
 
 /// A gap between two scans of the agent's scanner.

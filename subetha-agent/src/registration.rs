@@ -125,7 +125,9 @@ fn listen(listener: &UnixListener, sink: &Sender<Registered>, stop: &AtomicBool)
                 unsafe { libc::poll(&mut fd, 1, 250) };
             }
             Err(error) => {
-                tracing::warn!(%error, "registration socket accept failed");
+                if let Some(permit) = crate::logging::throttle("registration socket accept failed", ()) {
+                    tracing::warn!(%error, "registration socket accept failed{permit}");
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
         }

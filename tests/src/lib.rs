@@ -35,8 +35,11 @@ use std::time::{Duration, Instant};
 pub mod agent;
 pub mod child;
 pub mod elf;
+pub mod fleet;
 pub mod forking;
 pub mod procfs;
+pub mod tmux;
+pub mod prometheus;
 
 /// Generous deadline for anything that waits on another thread or process.
 /// Waits poll; a timeout is a failure, never an assumption about timing.

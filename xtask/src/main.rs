@@ -7,6 +7,8 @@
 //! * `bench` — the comparative benchmarks, summarised as one table.
 //! * `demo`  — the agent and an instrumented workload, with a drop storm.
 //! * `fuzz`  — the cargo-fuzz targets, for a bounded time.
+//! * `dist`  — the release agent, man pages, completions, systemd unit and
+//!   example config in `target/dist/`.
 
 use std::process::Command;
 
@@ -15,6 +17,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod dist;
 mod fuzz;
 mod setup;
 
@@ -37,6 +40,8 @@ enum Task {
     Demo(demo::DemoArgs),
     /// Fuzz segment validation and draining for a bounded time.
     Fuzz(fuzz::FuzzArgs),
+    /// Release agent, man pages, completions, systemd unit, example config in target/dist/.
+    Dist(dist::DistArgs),
 }
 
 fn main() -> Result<()> {
@@ -46,6 +51,7 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::Dist(args) => dist::run(&args),
     }
 }
 

@@ -1,18 +1,171 @@
 //! `subetha-agent top`: a live terminal view of a running agent.
 //!
-//! (Being built: issue 6.)
+//! It polls a running agent's `/api/v1/snapshot` (`--addr`) every
+//! `--interval`, or runs an agent in-process (`--attach`), and shows
+//! processes, instances (sortable by ops/s, contention %, p99 wait, drops),
+//! drill-downs into one process (rings) or one instance (op kinds), and the
+//! drop storms with their causes and evidence. Rates are per second between
+//! two successive snapshots.
+//!
+//! Promises: the terminal (raw mode, alternate screen, cursor) is restored
+//! on quit, on error, on panic and on SIGINT/SIGTERM/SIGHUP; an agent that
+//! stops answering is reported on screen and retried, never a crash; stdout
+//! that is not a terminal is refused with a clear error.
+//!
+//! * [`source`] — where snapshots come from (HTTP or in-process), on a
+//!   thread of its own.
+//! * [`rates`] — per-second rates from two snapshots.
+//! * [`state`] — the UI state and the keys.
+//! * [`render`] — drawing it.
+//! * [`terminal`] — taking the terminal and giving it back.
 
-use anyhow::{Result, bail};
+pub mod rates;
+pub mod render;
+pub mod source;
+pub mod state;
+pub mod terminal;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use crossterm::event::{self, Event, KeyEventKind};
+
+use self::source::{AttachedSource, Fetcher, HttpSource, SnapshotSource};
+use self::state::{App, Flow};
+use self::terminal::{Signals, TerminalGuard};
+use crate::{AgentConfig, ProbeMode};
+
+/// Set to `1` to make `top` panic right after its first frame: lets the
+/// tests prove the panic path restores the terminal.
+pub const TEST_PANIC_ENV: &str = "SUBETHA_TOP_TEST_PANIC";
 
 /// Arguments of `subetha-agent top`.
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
     /// Address of the running agent.
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    #[arg(long, default_value = "127.0.0.1:9464", conflicts_with = "attach")]
     pub addr: std::net::SocketAddr,
+    /// Refresh period (rates are computed over it).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Run an agent in this process instead of asking a running one (needs
+    /// the privileges `run` needs; no other agent may be draining).
+    #[arg(long)]
+    pub attach: bool,
+    /// With --attach: only these processes (repeatable).
+    #[arg(long = "pid", requires = "attach")]
+    pub pids: Vec<u32>,
+    /// With --attach: eBPF probes (auto, on, off).
+    #[arg(long, value_enum, default_value_t = TopProbes::Auto, requires = "attach")]
+    pub probes: TopProbes,
+    /// With --attach: where the in-process agent's log goes while the
+    /// screen is in use (default: a file in the temporary directory, named
+    /// on exit when anything was logged).
+    #[arg(long, value_name = "PATH", requires = "attach")]
+    pub log_file: Option<std::path::PathBuf>,
 }
 
-/// Runs the terminal view until the user quits.
-pub fn run(_args: TopArgs) -> Result<()> {
-    bail!("`top` is not built yet")
+/// `--probes` of `top --attach`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TopProbes {
+    /// Load them when privileges and kernel allow.
+    Auto,
+    /// Load them or fail.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Shortest `--interval`.
+const MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// How often the screen is redrawn and keys/signals are checked.
+const FRAME: Duration = Duration::from_millis(100);
+
+/// Runs the terminal view until the user quits (or a signal arrives).
+pub fn run(args: TopArgs) -> Result<()> {
+    if args.interval < MIN_INTERVAL {
+        bail!("--interval must be at least {MIN_INTERVAL:?}");
+    }
+    // Refuse before starting anything when there is no terminal.
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        bail!("`top` needs a terminal, and stdout is not one (for text output use `subetha-agent status`)");
+    }
+    let signals = Signals::catch()?;
+    let mut log_file = None;
+    let source: Box<dyn SnapshotSource> = if args.attach {
+        let path = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("subetha-top-{}.log", std::process::id())));
+        terminal::redirect_stderr(&path)?;
+        log_file = Some((path, args.log_file.is_some()));
+        let config = AgentConfig {
+            pids: (!args.pids.is_empty()).then(|| args.pids.clone()),
+            probes: match args.probes {
+                TopProbes::Auto => ProbeMode::Auto,
+                TopProbes::On => ProbeMode::On,
+                TopProbes::Off => ProbeMode::Off,
+            },
+            ..AgentConfig::default()
+        };
+        match AttachedSource::start(config) {
+            Ok(source) => Box::new(source),
+            Err(error) => {
+                terminal::restore();
+                return Err(error);
+            }
+        }
+    } else {
+        Box::new(HttpSource::new(args.addr))
+    };
+    let description = source.describe();
+    let result = Fetcher::start(source, args.interval).and_then(|fetcher| {
+        let result = ui(App::new(description, args.interval), &fetcher, &signals);
+        // The screen is given back first; an attached agent then hands its
+        // leases back while the user already has their shell.
+        terminal::restore();
+        fetcher.stop();
+        result
+    });
+    terminal::restore();
+    if let Some((path, explicit)) = log_file {
+        let logged = std::fs::metadata(&path).map(|m| m.len() > 0).unwrap_or(false);
+        if logged || explicit {
+            eprintln!(
+                "subetha-agent top: the attached agent's log is in {}",
+                path.display()
+            );
+        } else {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    result
+}
+
+fn ui(mut app: App, fetcher: &Fetcher, signals: &Signals) -> Result<()> {
+    let mut screen = TerminalGuard::enter()?;
+    let test_panic = std::env::var(TEST_PANIC_ENV).is_ok_and(|v| v == "1");
+    loop {
+        if signals.caught() {
+            return Ok(());
+        }
+        for update in fetcher.poll()? {
+            app.apply(update);
+        }
+        screen
+            .terminal()
+            .draw(|frame| render::draw(frame, &app, Instant::now()))
+            .context("drawing the screen")?;
+        if test_panic {
+            panic!("{TEST_PANIC_ENV}=1: panicking on purpose after the first frame");
+        }
+        if event::poll(FRAME).context("reading the keyboard")? {
+            match event::read().context("reading the keyboard")? {
+                Event::Key(key) if key.kind != KeyEventKind::Release && app.handle_key(key) == Flow::Quit => {
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+    }
 }
