@@ -131,7 +131,7 @@ impl Drop for OtlpExporter {
 fn metrics_url(endpoint: &str) -> Result<String> {
     let endpoint = endpoint.trim();
     let Some((scheme, rest)) = endpoint.split_once("://") else {
-        bail!("OTLP endpoint {endpoint:?} is not a URL (expected http://host:port[/path])");
+        bail!("OTLP endpoint {endpoint:?} is not an http:// or https:// URL (http://host:port[/path])");
     };
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
         bail!("OTLP endpoint {endpoint:?}: the scheme must be http or https, not {scheme:?}");
@@ -573,7 +573,7 @@ mod tests {
             "https://otel.example/otlp/v1/metrics"
         );
         for (bad, phrase) in [
-            ("collector:4318", "not a URL"),
+            ("collector:4318", "not an http:// or https:// URL"),
             ("ftp://collector/v1/metrics", "scheme"),
             ("http:///v1/metrics", "no valid host"),
             ("http://", "no valid host"),

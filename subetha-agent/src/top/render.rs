@@ -204,7 +204,7 @@ fn status_line(app: &App, now: Instant) -> Line<'static> {
             };
             spans.push(Span::styled(
                 format!(
-                    " ✖ AGENT NOT ANSWERING ({attempts} tries, retrying every {:?}{data_age}): {} ",
+                    " ✖ AGENT NOT ANSWERING ({attempts} failed attempt(s), retrying every {:?}{data_age}): {} ",
                     app.interval,
                     truncate(error, 80)
                 ),
