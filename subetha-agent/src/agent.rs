@@ -735,10 +735,11 @@ impl State {
     fn trace_drops(&mut self, ended: u64) {
         let previous_end = self.scans.iter().rev().nth(1).map(|&(_, end)| end);
         for tracked in &self.tracked {
-            self.drop_traces
-                .entry(tracked.pid)
-                .or_default()
-                .record(tracked.drainer.rings(), previous_end, ended);
+            self.drop_traces.entry(tracked.pid).or_default().record(
+                tracked.drainer.rings(),
+                previous_end,
+                ended,
+            );
         }
     }
 

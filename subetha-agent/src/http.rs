@@ -272,14 +272,20 @@ async fn api_storms(
 }
 
 async fn api_storm(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
-    let id: u64 = id
-        .parse()
-        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("bad storm id {id:?}: expected a number")))?;
+    let id: u64 = id.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("bad storm id {id:?}: expected a number"),
+        )
+    })?;
     let snapshot = state.snapshot()?;
     let storm = snapshot.storms.iter().find(|s| s.id == id).ok_or_else(|| {
         ApiError(
             StatusCode::NOT_FOUND,
-            format!("no storm {id}: the agent keeps the newest {} (see /api/v1/storms)", snapshot.storms.len()),
+            format!(
+                "no storm {id}: the agent keeps the newest {} (see /api/v1/storms)",
+                snapshot.storms.len()
+            ),
         )
     })?;
     Ok(Json(StormDetail {

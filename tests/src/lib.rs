@@ -38,8 +38,8 @@ pub mod elf;
 pub mod fleet;
 pub mod forking;
 pub mod procfs;
-pub mod tmux;
 pub mod prometheus;
+pub mod tmux;
 
 /// Generous deadline for anything that waits on another thread or process.
 /// Waits poll; a timeout is a failure, never an assumption about timing.

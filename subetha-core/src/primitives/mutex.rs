@@ -806,7 +806,11 @@ mod tests {
         for base in (0..64).step_by(16) {
             let line = |offset: usize| (base + offset) / 64;
             assert_eq!(line(state), line(data), "placement {base}: state and data split");
-            assert_eq!(line(data), line(data + 7), "placement {base}: a u64 of data splits");
+            assert_eq!(
+                line(data),
+                line(data + 7),
+                "placement {base}: a u64 of data splits"
+            );
         }
     }
 
