@@ -25,6 +25,13 @@
 //! | `agent_cli.rs` | the real binary: bad command lines, busy port, closed port, SIGTERM, registration socket (`--pid` with registrations: a known bug, ignored) |
 //! | `agent_idle_cpu.rs` | budget: ≤ 1% of a core with 100 idle rings (release agent; currently over, ignored) |
 //! | `agent_rss.rs` | budget: VmRSS ≤ 64 MiB with 1,000 instances (release agent) |
+//! | `agent_top.rs` | `top` in tmux: live rates, sorting, drill-down, storms; q / Ctrl-C / SIGTERM / panic restore the terminal; dead agent shown; no tty refused |
+//! | `agent_report.rs` | storm pictures: a staged preemption drawn as SVG, PNG and HTML with its lanes and the hog named |
+//! | `agent_prometheus_e2e.rs` | a real Prometheus scrapes the agent; its query API has the exact counts |
+//! | `agent_otlp.rs` | OTLP export decoded by an in-test collector: exact counts, final export, failures not fatal |
+//! | `contrib_rules.rs` | promtool checks and unit-tests the alert rules; dashboard and rule metric names exist in a real scrape |
+//! | `agent_config.rs` | the TOML config: unknown keys named, file values used, flags override |
+//! | `agent_service.rs` | sd_notify READY/STATUS/WATCHDOG/STOPPING, the systemd unit verified, man pages and completions |
 //!
 //! Test files that depend on process-global state (the process segment, the
 //! auto sidecar) hold one `#[test]` each.
