@@ -46,6 +46,7 @@ pub mod fleet;
 pub mod forking;
 pub mod procfs;
 pub mod prometheus;
+pub mod sched;
 pub mod tmux;
 
 /// Generous deadline for anything that waits on another thread or process.

@@ -63,6 +63,7 @@ use subetha_core::clock::monotonic_ns;
 use subetha_tests::agent::{
     AgentProcess, ScratchDir, Truth, agent_exe, assert_conserved, process, storms_of,
 };
+use subetha_tests::sched::{AffinityGuard, allowed_cpus, pin_to, set_fifo};
 use subetha_tests::{TIMEOUT, gettid, getuid};
 
 const FLOOD: &str = env!("CARGO_BIN_EXE_subetha-flood");
@@ -794,67 +795,4 @@ fn probes_off_burst_is_still_a_producer_burst() {
     let _serial = serial();
     let staged = stage(TEST, ProbeMode::Off, &burst_flood_args(), false);
     check_burst(TEST, &staged, "low");
-}
-
-// ------------------------------------------------------------ CPU affinity
-
-/// The CPUs this thread may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the set is valid for writes of its own size.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    assert_eq!(rc, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_to(cpu: usize) {
-    assert!(cpu < libc::CPU_SETSIZE as usize);
-    // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (asserted).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the set is valid for reads of its own size; 0 is this thread.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
-}
-
-/// Makes the calling thread SCHED_FIFO at `priority`.
-fn set_fifo(priority: i32) -> Result<(), String> {
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: `param` is valid for the call; 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error().to_string())
-    }
-}
-
-/// Pins the calling thread to one CPU and restores its affinity on drop.
-struct AffinityGuard(libc::cpu_set_t);
-
-impl AffinityGuard {
-    fn pin_current(cpu: usize) -> Self {
-        // SAFETY: cpu_set_t is plain data; all-zero is an empty set.
-        let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the set is valid for writes of its own size.
-        let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut old) };
-        assert_eq!(rc, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
-        pin_to(cpu);
-        Self(old)
-    }
-}
-
-impl Drop for AffinityGuard {
-    fn drop(&mut self) {
-        // SAFETY: the set is valid for reads of its own size; 0 is this thread.
-        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.0) };
-    }
 }
