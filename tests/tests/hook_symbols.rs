@@ -14,6 +14,10 @@ const EXPECTED: [&str; 4] = [
     "subetha_scan_end",
 ];
 
+/// `nopl 0x0(%rax,%rax,1)`.
+#[cfg(target_arch = "x86_64")]
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
 fn check_hooks(path: &Path) {
     let found = elf::symbols(path, &EXPECTED).unwrap_or_else(|e| panic!("{e}"));
     let mut hooks: Vec<&ElfSymbol> = Vec::new();
@@ -52,6 +56,15 @@ fn check_hooks(path: &Path) {
         assert!(
             !elf::starts_with_lock_prefix(&sym.head),
             "{}: {name} starts with a LOCK-prefixed instruction (uprobes cannot single-step it): {:02x?}",
+            path.display(),
+            sym.head
+        );
+        // The kernel (6.18+) optimises a uprobe on a 5-byte NOP into a
+        // trampoline call; the probes attach at the symbol address.
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            sym.head.starts_with(&NOP5),
+            "{}: {name} does not start with the 5-byte NOP 0f 1f 44 00 00: {:02x?}",
             path.display(),
             sym.head
         );
