@@ -52,6 +52,22 @@ fn installed(exe: &Path, dir: &ScratchDir) -> PathBuf {
     copy
 }
 
+/// Spawns `command`, retrying while the kernel answers ETXTBSY: the copy
+/// `installed` just wrote can still be open for writing in a child another
+/// test thread forked meanwhile (until that child execs and closes it).
+fn spawn_fresh_copy(command: &mut Command, exe: &Path) -> Child {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match command.spawn() {
+            Ok(child) => return child,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("spawn {} unprivileged: {e}", exe.display()),
+        }
+    }
+}
+
 /// A `subetha-flood` running unprivileged.
 struct Flood {
     child: Child,
@@ -71,9 +87,7 @@ impl Flood {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = unprivileged(&mut command)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {} unprivileged: {e}", exe.display()));
+        let mut child = spawn_fresh_copy(unprivileged(&mut command), exe);
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut flood = Self {
@@ -137,9 +151,7 @@ fn agent(exe: &Path, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = unprivileged(&mut command)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {} unprivileged: {e}", exe.display()));
+    let mut child = spawn_fresh_copy(unprivileged(&mut command), exe);
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().expect("try_wait").is_none() {
         if Instant::now() > deadline {
