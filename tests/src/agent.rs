@@ -641,3 +641,28 @@ pub fn schedstat_ns(pid: u32) -> u64 {
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
 }
+
+/// Runs the agent binary with `args` to completion and returns its output;
+/// kills it (and fails) if it is still running after 30 s.
+pub fn run_agent(args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(agent_exe())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn subetha-agent");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "subetha-agent {args:?} still running after 30 s; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.wait_with_output().expect("collect output")
+}

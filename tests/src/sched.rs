@@ -62,3 +62,47 @@ impl Drop for AffinityGuard {
         unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.0) };
     }
 }
+
+/// The hog's thread id and the window it held the CPU (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+pub struct HogRun {
+    /// The hog thread's id.
+    pub tid: u32,
+    /// When it started spinning.
+    pub begin_ns: u64,
+    /// When it stopped.
+    pub end_ns: u64,
+}
+
+/// Runs a `SCHED_FIFO` (priority 50) busy loop named `subetha-hog` on
+/// `cpu` for `window_ns` and waits for it to finish. The caller must not be
+/// on `cpu`. Bounded by time; the kernel's RT throttling bounds it too.
+pub fn run_hog(cpu: usize, window_ns: u64) -> HogRun {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hog = std::thread::Builder::new()
+        .name("subetha-hog".into())
+        .spawn(move || {
+            // Real-time first, then onto the CPU: it takes the CPU from
+            // whatever CFS task (the scanner) runs there at once.
+            let fifo = set_fifo(50);
+            pin_to(cpu);
+            let begin_ns = subetha_core::clock::monotonic_ns();
+            if fifo.is_ok() {
+                while subetha_core::clock::monotonic_ns() - begin_ns < window_ns {
+                    std::hint::spin_loop();
+                }
+            }
+            let end_ns = subetha_core::clock::monotonic_ns();
+            tx.send(fifo.map(|()| HogRun {
+                tid: crate::gettid(),
+                begin_ns,
+                end_ns,
+            }))
+            .unwrap();
+        })
+        .expect("spawn the hog");
+    hog.join().expect("the hog thread");
+    rx.recv()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("SCHED_FIFO for the hog: {e}"))
+}

@@ -9,44 +9,20 @@
 //! wrongly accepted cannot make the agent drain other processes.
 
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use subetha_tests::agent::{AgentProcess, ScratchDir, SegmentProbe, Workload, agent_exe, free_port, process};
+use subetha_tests::agent::{
+    AgentProcess, ScratchDir, SegmentProbe, Workload, agent_exe, free_port, process, run_agent,
+};
 use subetha_tests::{TIMEOUT, wait_for};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_subetha-workload");
 /// Above the kernel's pid_max: no such process.
 const NO_PID: &str = "4194305";
 
-/// Runs the agent with `args`; kills it (and fails) if it is still running
-/// after 30 s.
-fn agent(args: &[&str]) -> Output {
-    let mut child = Command::new(agent_exe())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn subetha-agent");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "subetha-agent {args:?} still running after 30 s; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().expect("collect output")
-}
-
 /// Asserts `args` fail with a non-zero exit and `phrases` in stderr.
 fn fails_with(args: &[&str], phrases: &[&str]) {
-    let output = agent(args);
+    let output = run_agent(args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{args:?} must fail; stderr:\n{stderr}");
     for phrase in phrases {

@@ -11,38 +11,13 @@
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
 
-use subetha_tests::agent::{ScratchDir, agent_exe, free_port};
+use subetha_tests::agent::{ScratchDir, agent_exe, free_port, run_agent};
 use subetha_tests::{TIMEOUT, wait_for};
 
 /// Above the kernel's pid_max: no such process.
 const NO_PID: u32 = 4_194_305;
-
-/// Runs the agent to completion (30 s at most).
-fn agent(args: &[&str]) -> Output {
-    let mut child = Command::new(agent_exe())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn subetha-agent");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
-            panic!(
-                "subetha-agent {args:?} still running after 30 s; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().expect("collect output")
-}
 
 fn write(path: &Path, text: &str) -> PathBuf {
     std::fs::File::create(path)
@@ -53,7 +28,7 @@ fn write(path: &Path, text: &str) -> PathBuf {
 
 /// Asserts `args` fail, naming every phrase, briefly and without a panic.
 fn fails_naming(args: &[&str], phrases: &[&str]) {
-    let output = agent(args);
+    let output = run_agent(args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{args:?} must fail; stderr:\n{stderr}");
     for phrase in phrases {
@@ -216,7 +191,7 @@ fn config_check_prints_the_effective_settings_and_their_origins() {
         "retention = \"90s\"\nmax_scan_interval = \"5ms\"\nprobes = \"off\"\nlog_format = \"json\"\n",
     );
     let config = config.to_str().unwrap();
-    let output = agent(&[
+    let output = run_agent(&[
         "config",
         "check",
         "--config",
@@ -248,7 +223,7 @@ fn config_check_prints_the_effective_settings_and_their_origins() {
         );
     }
     // The global --log-format beats the file's.
-    let output = agent(&["--log-format", "text", "config", "check", "--config", config]);
+    let output = run_agent(&["--log-format", "text", "config", "check", "--config", config]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains("log_format = \"text\"  # command line (--log-format)"),
@@ -259,7 +234,7 @@ fn config_check_prints_the_effective_settings_and_their_origins() {
     let printed = write(
         &dir.join("printed.toml"),
         &String::from_utf8_lossy(
-            &agent(&[
+            &run_agent(&[
                 "config",
                 "check",
                 "--config",
@@ -272,7 +247,7 @@ fn config_check_prints_the_effective_settings_and_their_origins() {
             .stdout,
         ),
     );
-    let output = agent(&["config", "check", "--config", printed.to_str().unwrap()]);
+    let output = run_agent(&["config", "check", "--config", printed.to_str().unwrap()]);
     let again = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),

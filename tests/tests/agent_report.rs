@@ -27,14 +27,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use subetha_agent::model::{StormDetail, StormReport};
-use subetha_core::clock::monotonic_ns;
 use subetha_tests::agent::{AgentProcess, ScratchDir, agent_exe, process, storms_of};
-use subetha_tests::sched::{AffinityGuard, allowed_cpus, pin_to, set_fifo};
-use subetha_tests::{TIMEOUT, gettid, getuid};
+use subetha_tests::sched::{AffinityGuard, allowed_cpus, run_hog};
+use subetha_tests::{TIMEOUT, getuid};
 
 const FLOOD: &str = env!("CARGO_BIN_EXE_subetha-flood");
 const PRODUCER_CPU: usize = 0;
@@ -130,45 +128,6 @@ impl Drop for Flood {
             let _ = self.child.wait();
         }
     }
-}
-
-/// The hog's thread id and the window it held the CPU (CLOCK_MONOTONIC ns).
-#[derive(Clone, Copy, Debug)]
-struct HogRun {
-    tid: u32,
-    begin_ns: u64,
-    end_ns: u64,
-}
-
-/// A `SCHED_FIFO` (priority 50) busy loop named `subetha-hog` on `cpu` for
-/// [`HOG_WINDOW_NS`]; returns when it is done. The caller is not on `cpu`.
-fn run_hog(cpu: usize) -> HogRun {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("subetha-hog".into())
-        .spawn(move || {
-            let fifo = set_fifo(50);
-            pin_to(cpu);
-            let begin_ns = monotonic_ns();
-            if fifo.is_ok() {
-                while monotonic_ns() - begin_ns < HOG_WINDOW_NS {
-                    std::hint::spin_loop();
-                }
-            }
-            let end_ns = monotonic_ns();
-            tx.send(fifo.map(|()| HogRun {
-                tid: gettid(),
-                begin_ns,
-                end_ns,
-            }))
-            .unwrap();
-        })
-        .expect("spawn the hog")
-        .join()
-        .expect("the hog thread");
-    rx.recv()
-        .unwrap()
-        .unwrap_or_else(|e| panic!("SCHED_FIFO for the hog: {e}"))
 }
 
 /// `subetha-agent report <args>`, bounded in time.
@@ -269,7 +228,7 @@ fn report_draws_a_staged_preemption_storm() {
 
     flood.go();
     std::thread::sleep(Duration::from_millis(300));
-    let hog = run_hog(SCANNER_CPU);
+    let hog = run_hog(SCANNER_CPU, HOG_WINDOW_NS);
     let flood_tid = flood.finish();
     eprintln!(
         "{TEST}: hog tid {} held CPU {SCANNER_CPU} for {:.3} ms",

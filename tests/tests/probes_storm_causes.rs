@@ -54,17 +54,16 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, mpsc};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use subetha_agent::model::{Cause, StormReport};
 use subetha_agent::{AgentConfig, AgentHandle, AgentSnapshot, ProbeMode};
-use subetha_core::clock::monotonic_ns;
 use subetha_tests::agent::{
     AgentProcess, ScratchDir, Truth, agent_exe, assert_conserved, process, storms_of,
 };
-use subetha_tests::sched::{AffinityGuard, allowed_cpus, pin_to, set_fifo};
-use subetha_tests::{TIMEOUT, gettid, getuid};
+use subetha_tests::sched::{AffinityGuard, HogRun, allowed_cpus, run_hog};
+use subetha_tests::{TIMEOUT, getuid};
 
 const FLOOD: &str = env!("CARGO_BIN_EXE_subetha-flood");
 /// The producer's CPU and the scanner's (and the hog's).
@@ -429,51 +428,6 @@ impl AgentProcessExt for AgentProcess {
     }
 }
 
-// ------------------------------------------------------------------ the hog
-
-/// What the hog did: its thread id and the window it held the CPU
-/// (CLOCK_MONOTONIC ns, measured on that CPU by the hog itself).
-#[derive(Clone, Copy, Debug)]
-struct HogRun {
-    tid: u32,
-    begin_ns: u64,
-    end_ns: u64,
-}
-
-/// Runs a `SCHED_FIFO` (priority 50) busy loop named `subetha-hog` on
-/// `cpu` for [`HOG_WINDOW_NS`] and waits for it to finish. The caller must
-/// not be on `cpu`. Bounded by time; the kernel's RT throttling bounds it
-/// too.
-fn run_hog(cpu: usize) -> HogRun {
-    let (tx, rx) = mpsc::channel();
-    let hog = std::thread::Builder::new()
-        .name("subetha-hog".into())
-        .spawn(move || {
-            // Real-time first, then onto the CPU: it takes the CPU from
-            // whatever CFS task (the scanner) runs there at once.
-            let fifo = set_fifo(50);
-            pin_to(cpu);
-            let begin_ns = monotonic_ns();
-            if fifo.is_ok() {
-                while monotonic_ns() - begin_ns < HOG_WINDOW_NS {
-                    std::hint::spin_loop();
-                }
-            }
-            let end_ns = monotonic_ns();
-            tx.send(fifo.map(|()| HogRun {
-                tid: gettid(),
-                begin_ns,
-                end_ns,
-            }))
-            .unwrap();
-        })
-        .expect("spawn the hog");
-    hog.join().expect("the hog thread");
-    rx.recv()
-        .unwrap()
-        .unwrap_or_else(|e| panic!("SCHED_FIFO for the hog: {e}"))
-}
-
 // ----------------------------------------------------------- the scenarios
 
 /// What one staged run saw.
@@ -511,7 +465,7 @@ fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> 
     let hog = with_hog.then(|| {
         // Steady state first: the producer thread is watched, the rate held.
         std::thread::sleep(Duration::from_millis(300));
-        run_hog(SCANNER_CPU)
+        run_hog(SCANNER_CPU, HOG_WINDOW_NS)
     });
     let truth = flood.finish();
     eprintln!(
