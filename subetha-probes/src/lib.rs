@@ -5,8 +5,9 @@
 //! aya-build). This library holds what both sides must agree on, byte for
 //! byte: the map names, the event records the programs write into the
 //! [`EVENTS_MAP`] ring buffer, the scheduler tracepoint configuration user
-//! space writes into [`SCHED_CONFIG_MAP`], and the per-thread state kept in
-//! [`TASKS_MAP`].
+//! space writes into [`SCHED_CONFIG_MAP`] and [`OFF_CPU_FILTER_MAP`], the
+//! `task_struct` offsets it sets as [`global`]s, and the per-thread state
+//! kept in [`WATCHED_MAP`].
 //!
 //! Every record is `#[repr(C)]`, 8-byte aligned and free of padding, so it
 //! can be copied in and out of maps and ring buffers as plain bytes. With the
@@ -44,16 +45,43 @@ pub const HITS_BY_TASK_ENTRIES: u32 = 4096;
 /// Name of the loss counter (`PERCPU_ARRAY<u64>`, one entry): events that
 /// could not be written to the ring buffer.
 pub const LOSSES_MAP: &str = "LOSSES";
-/// Name of the watched-thread map (`HASH<u32 tid, u32 role>`).
+/// Name of the watched-thread map (`HASH<u32 tid, WatchedTask>`): user
+/// space inserts a thread with its role and a zeroed state; the programs
+/// update the state in place (no insert on the scheduler's hot path).
 pub const WATCHED_MAP: &str = "WATCHED";
 /// Entries of [`WATCHED_MAP`].
 pub const WATCHED_ENTRIES: u32 = 4096;
-/// Name of the per-thread scheduler state (`LRU_HASH<u32 tid, TaskState>`).
-pub const TASKS_MAP: &str = "TASKS";
-/// Entries of [`TASKS_MAP`].
-pub const TASKS_ENTRIES: u32 = 16384;
+/// Name of the watched-thread prefilter (`ARRAY<u64>`, [`WATCHED_BITS_WORDS`]
+/// entries): bit `tid % 65536` is set when some watched thread has that
+/// residue. A clear bit rejects a thread with one inlined array load, so
+/// the hash lookup runs only for watched threads and rare collisions.
+pub const WATCHED_BITS_MAP: &str = "WATCHED_BITS";
+/// Words of [`WATCHED_BITS_MAP`].
+pub const WATCHED_BITS_WORDS: u32 = 1024;
 /// Name of the tracepoint configuration (`ARRAY<SchedConfig>`, one entry).
 pub const SCHED_CONFIG_MAP: &str = "SCHED_CONFIG";
+/// Name of the off-CPU event filter (`ARRAY<OffCpuFilter>`, one entry).
+pub const OFF_CPU_FILTER_MAP: &str = "OFF_CPU_FILTER";
+
+/// The word and bit of [`WATCHED_BITS_MAP`] that stand for `tid`.
+pub const fn watched_bit(tid: u32) -> (u32, u64) {
+    let residue = tid % (WATCHED_BITS_WORDS * 64);
+    (residue / 64, 1 << (residue % 64))
+}
+
+/// Names of the read-only globals user space sets before loading: the
+/// `task_struct` field offsets the BTF tracepoints read, from the kernel's
+/// BTF. Read-only data is frozen at load, so the verifier knows each value
+/// as a constant and accepts a direct load at `task + offset`.
+pub mod global {
+    /// `u32`: offset of `pid` (`pid_t`) in `task_struct`.
+    pub const TASK_PID_OFFSET: &str = "SUBETHA_TASK_PID_OFFSET";
+    /// `u32`: offset of `comm` (`char[16]`) in `task_struct`.
+    pub const TASK_COMM_OFFSET: &str = "SUBETHA_TASK_COMM_OFFSET";
+    /// `u32`: offset of the CPU a task is on (`unsigned int`) in
+    /// `task_struct`.
+    pub const TASK_CPU_OFFSET: &str = "SUBETHA_TASK_CPU_OFFSET";
+}
 
 /// The eBPF programs, by the name aya knows them (at most 15 bytes: the
 /// kernel keeps that much of a program name).
@@ -74,6 +102,14 @@ pub mod program {
     pub const SCHED_WAKEUP_NEW: &str = "tp_wakeup_new";
     /// tracepoint `sched/sched_migrate_task`.
     pub const SCHED_MIGRATE: &str = "tp_migrate_task";
+    /// BTF tracepoint (`tp_btf`) `sched_switch`.
+    pub const BTF_SCHED_SWITCH: &str = "bt_sched_switch";
+    /// BTF tracepoint `sched_wakeup`.
+    pub const BTF_SCHED_WAKEUP: &str = "bt_sched_wakeup";
+    /// BTF tracepoint `sched_wakeup_new`.
+    pub const BTF_SCHED_WAKEUP_NEW: &str = "bt_wakeup_new";
+    /// BTF tracepoint `sched_migrate_task`.
+    pub const BTF_SCHED_MIGRATE: &str = "bt_migrate_task";
 
     /// The uprobes with the hook symbol each attaches to, in [`super::hook`]
     /// order.
@@ -84,12 +120,15 @@ pub mod program {
         (SCAN_END, "subetha_scan_end"),
     ];
 
-    /// The tracepoints with their `(category, name)`.
-    pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
-        (SCHED_SWITCH, "sched", "sched_switch"),
-        (SCHED_WAKEUP, "sched", "sched_wakeup"),
-        (SCHED_WAKEUP_NEW, "sched", "sched_wakeup_new"),
-        (SCHED_MIGRATE, "sched", "sched_migrate_task"),
+    /// The scheduler tracepoints: `(BTF program, classic program,
+    /// category, name)`. The BTF program (a raw tracepoint: no record is
+    /// formatted for it) is preferred; the classic one is the fallback on a
+    /// kernel without BTF.
+    pub const TRACEPOINTS: [(&str, &str, &str, &str); 4] = [
+        (BTF_SCHED_SWITCH, SCHED_SWITCH, "sched", "sched_switch"),
+        (BTF_SCHED_WAKEUP, SCHED_WAKEUP, "sched", "sched_wakeup"),
+        (BTF_SCHED_WAKEUP_NEW, SCHED_WAKEUP_NEW, "sched", "sched_wakeup_new"),
+        (BTF_SCHED_MIGRATE, SCHED_MIGRATE, "sched", "sched_migrate_task"),
     ];
 }
 
@@ -223,8 +262,8 @@ pub struct MigrateEvent {
     pub dest_cpu: u32,
 }
 
-/// Per-thread scheduler state of a watched thread that is off CPU (value of
-/// [`TASKS_MAP`]), recorded at switch-out and completed by a wakeup.
+/// Scheduler state of a watched thread that is off CPU (part of
+/// [`WatchedTask`]), recorded at switch-out and completed by a wakeup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -246,6 +285,43 @@ pub struct TaskState {
     /// That task's name.
     pub replaced_by_comm: [u8; COMM_LEN],
 }
+
+/// A watched thread (value of [`WATCHED_MAP`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct WatchedTask {
+    /// Its role ([`role`]).
+    pub role: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Its off-CPU state (zero when user space (re)watches it).
+    pub state: TaskState,
+}
+
+/// Which off-CPU intervals become events (value of [`OFF_CPU_FILTER_MAP`]).
+/// All zero (the default) emits every interval. Otherwise an interval is
+/// emitted when any of the three says so; the rest are counted in
+/// [`OFF_CPU_FILTERED_MAP`] and dropped in the kernel, so a watched thread
+/// that switches thousands of times a second costs a map update per
+/// switch, not an event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct OffCpuFilter {
+    /// 1 to filter; 0 emits every interval.
+    pub enabled: u32,
+    /// 1 to emit every interval that ends on another CPU than it began.
+    pub cpu_change: u32,
+    /// Emit when the runqueue wait (runnable, not running) is at least this.
+    pub min_wait_ns: u64,
+    /// Emit when the time asleep is more than this.
+    pub min_sleep_ns: u64,
+}
+
+/// Name of the count of off-CPU intervals the filter kept out of the ring
+/// buffer (`PERCPU_ARRAY<u64>`, one entry).
+pub const OFF_CPU_FILTERED_MAP: &str = "OFF_CPU_FILTERED";
 
 /// What one CPU has been running (value of the per-CPU `CPU_RUN` map): when
 /// the current task got the CPU, and the longest stretch any task held it
@@ -318,6 +394,8 @@ const _: () = {
     assert!(size_of::<OffCpuEvent>() == 96);
     assert!(size_of::<MigrateEvent>() == 32);
     assert!(size_of::<TaskState>() == 56);
+    assert!(size_of::<WatchedTask>() == 64);
+    assert!(size_of::<OffCpuFilter>() == 24);
     assert!(size_of::<CpuRun>() == 48);
     assert!(size_of::<SchedConfig>() == 56);
     assert!(align_of::<OffCpuEvent>() == 8);

@@ -5,16 +5,18 @@ use std::num::NonZeroU32;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope};
-use aya::programs::{TracePoint, UProbe};
-use aya::{Ebpf, EbpfLoader};
+use aya::programs::{BtfTracePoint, TracePoint, UProbe};
+use aya::{Btf, Ebpf, EbpfLoader};
 use subetha_probes::{
-    EVENTS_MAP, HITS_BY_PID_MAP, HITS_BY_TID_MAP, HITS_MAP, HOOK_COUNT, LOSSES_MAP, SCHED_CONFIG_MAP,
-    SchedConfig, TASKS_MAP, TaskState, WATCHED_MAP, program,
+    EVENTS_MAP, HITS_BY_PID_MAP, HITS_BY_TID_MAP, HITS_MAP, HOOK_COUNT, LOSSES_MAP, OFF_CPU_FILTER_MAP,
+    OFF_CPU_FILTERED_MAP, SCHED_CONFIG_MAP, SchedConfig, WATCHED_BITS_MAP, WATCHED_MAP, WatchedTask, global,
+    program, watched_bit,
 };
 
+use super::btf::TaskOffsets;
 use super::events::{ProbeEvent, decode_event};
 use super::target::{HookObject, find_hook_object};
-use super::{HookHits, ProbeStatus, ProbesError, Role, tracefs};
+use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, tracefs};
 
 /// At most this many records are decoded per [`Probes::drain_events`] call,
 /// so a flood cannot keep the caller in the loop forever.
@@ -95,7 +97,18 @@ impl Probes {
     /// the rest work.
     pub fn load() -> Result<Probes, ProbesError> {
         raise_memlock();
-        let mut ebpf = EbpfLoader::new()
+        // The BTF tracepoints read task_struct fields at these offsets; an
+        // unset offset makes the verifier refuse them, and the classic
+        // tracepoints stand in.
+        let offsets = TaskOffsets::from_kernel();
+        let mut loader = EbpfLoader::new();
+        if let Ok(offsets) = &offsets {
+            loader
+                .override_global(global::TASK_PID_OFFSET, &offsets.pid, true)
+                .override_global(global::TASK_COMM_OFFSET, &offsets.comm, true)
+                .override_global(global::TASK_CPU_OFFSET, &offsets.cpu, true);
+        }
+        let mut ebpf = loader
             .load(object())
             .map_err(|e| ProbesError::Load(error_text(&e)))?;
         let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
@@ -130,32 +143,83 @@ impl Probes {
             watched: HashMap::new(),
             undecodable: 0,
         };
-        probes.start_sched();
+        probes.start_sched(offsets);
         Ok(probes)
     }
 
-    /// Configures the sched programs from tracefs and attaches them, each
-    /// on its own.
-    fn start_sched(&mut self) {
-        let config = tracefs::tracefs_root()
-            .map_err(|e| e.to_string())
-            .and_then(|root| tracefs::sched_config(&root))
-            .and_then(|config| self.set_sched_config(config));
-        for (name, category, event) in program::TRACEPOINTS {
-            let result = config
-                .clone()
-                .map_err(|e| format!("tracepoint layout unknown: {e}"))
-                .and_then(|()| attach_tracepoint(&mut self.ebpf, name, category, event));
-            if let Err(error) = &result {
-                tracing::warn!(program = name, %error, "eBPF sched tracepoint not attached");
-            }
-            self.tracepoints.push(ProbeStatus {
-                program: name.to_string(),
-                target: format!("{category}/{event}"),
-                attached: result.is_ok(),
-                error: result.err(),
-            });
+    /// Attaches the sched programs, each on its own: the BTF tracepoint
+    /// where the kernel has BTF and the offsets were found, else the
+    /// classic one configured from tracefs.
+    fn start_sched(&mut self, offsets: Result<TaskOffsets, String>) {
+        let btf = offsets.and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
+        let mut classic_config: Option<Result<(), String>> = None;
+        for (btf_name, classic_name, category, event) in program::TRACEPOINTS {
+            let btf_result = btf
+                .as_ref()
+                .map_err(|e| format!("no kernel BTF: {e}"))
+                .and_then(|btf| attach_btf_tracepoint(&mut self.ebpf, btf_name, event, btf));
+            let status = match btf_result {
+                Ok(()) => ProbeStatus {
+                    program: btf_name.to_string(),
+                    target: format!("{category}/{event} (tp_btf)"),
+                    attached: true,
+                    error: None,
+                },
+                Err(btf_error) => {
+                    tracing::warn!(program = btf_name, error = %btf_error, "BTF tracepoint unavailable; trying the classic one");
+                    let config = classic_config
+                        .get_or_insert_with(|| {
+                            tracefs::tracefs_root()
+                                .map_err(|e| e.to_string())
+                                .and_then(|root| tracefs::sched_config(&root))
+                                .and_then(|config| self.set_sched_config(config))
+                        })
+                        .clone();
+                    let result = config
+                        .map_err(|e| format!("tracepoint layout unknown: {e}"))
+                        .and_then(|()| attach_tracepoint(&mut self.ebpf, classic_name, category, event))
+                        .map_err(|classic_error| format!("tp_btf: {btf_error}; classic: {classic_error}"));
+                    if let Err(error) = &result {
+                        tracing::warn!(program = classic_name, %error, "eBPF sched tracepoint not attached");
+                    }
+                    ProbeStatus {
+                        program: classic_name.to_string(),
+                        target: format!("{category}/{event}"),
+                        attached: result.is_ok(),
+                        error: result.err(),
+                    }
+                }
+            };
+            self.tracepoints.push(status);
         }
+    }
+
+    /// Sets which off-CPU intervals of watched threads become events:
+    /// `None` reports every one (the default after loading).
+    pub fn set_off_cpu_filter(&mut self, filter: Option<OffCpuFilter>) -> Result<(), ProbesError> {
+        let value = filter.map_or_else(subetha_probes::OffCpuFilter::default, |f| subetha_probes::OffCpuFilter {
+            enabled: 1,
+            cpu_change: u32::from(f.cpu_change),
+            min_wait_ns: f.min_runqueue_wait_ns,
+            min_sleep_ns: f.min_sleep_ns,
+        });
+        let map_error = |error: String| ProbesError::Map {
+            map: OFF_CPU_FILTER_MAP,
+            error,
+        };
+        let map = self
+            .ebpf
+            .map_mut(OFF_CPU_FILTER_MAP)
+            .ok_or_else(|| map_error("missing".into()))?;
+        let mut array =
+            Array::<_, Plain<subetha_probes::OffCpuFilter>>::try_from(map).map_err(|e| map_error(error_text(&e)))?;
+        array.set(0, Plain(value), 0).map_err(|e| map_error(error_text(&e)))
+    }
+
+    /// Off-CPU intervals the filter kept out of the event stream, summed
+    /// over CPUs.
+    pub fn off_cpu_filtered(&self) -> u64 {
+        self.per_cpu_sum(OFF_CPU_FILTERED_MAP)
     }
 
     fn set_sched_config(&mut self, config: SchedConfig) -> Result<(), String> {
@@ -295,43 +359,53 @@ impl Probes {
                 reason: "tid 0 (the idle task) cannot be watched".into(),
             });
         }
-        self.forget_task_state(tid);
-        let map = self.ebpf.map_mut(WATCHED_MAP).ok_or(ProbesError::Map {
-            map: WATCHED_MAP,
-            error: "missing".into(),
-        })?;
-        let mut watched = BpfHashMap::<_, u32, u32>::try_from(map).map_err(|e| ProbesError::Map {
-            map: WATCHED_MAP,
-            error: error_text(&e),
-        })?;
-        watched
-            .insert(tid, role.code(), 0)
-            .map_err(|e| ProbesError::Map {
-                map: WATCHED_MAP,
-                error: error_text(&e),
-            })?;
+        let map_error = |map: &'static str, error: String| ProbesError::Map { map, error };
+        let entry = WatchedTask {
+            role: role.code(),
+            ..WatchedTask::default()
+        };
+        let map = self
+            .ebpf
+            .map_mut(WATCHED_MAP)
+            .ok_or_else(|| map_error(WATCHED_MAP, "missing".into()))?;
+        BpfHashMap::<_, u32, Plain<WatchedTask>>::try_from(map)
+            .map_err(|e| map_error(WATCHED_MAP, error_text(&e)))?
+            .insert(tid, Plain(entry), 0)
+            .map_err(|e| map_error(WATCHED_MAP, error_text(&e)))?;
         let pid = tgid_of(tid).unwrap_or(0);
         self.watched.insert(tid, Watched { role, pid });
-        Ok(())
+        // The prefilter bit goes up after the entry exists, so the programs
+        // never see a set bit for a thread they cannot find.
+        self.sync_watched_bit(tid)
+            .map_err(|e| map_error(WATCHED_BITS_MAP, e))
     }
 
     /// Stops watching thread `tid` (nothing happens if it was not).
     pub fn unwatch(&mut self, tid: u32) {
+        self.watched.remove(&tid);
+        if let Err(error) = self.sync_watched_bit(tid) {
+            tracing::debug!(tid, %error, "watched-thread prefilter not updated");
+        }
         if let Some(map) = self.ebpf.map_mut(WATCHED_MAP)
-            && let Ok(mut watched) = BpfHashMap::<_, u32, u32>::try_from(map)
+            && let Ok(mut watched) = BpfHashMap::<_, u32, Plain<WatchedTask>>::try_from(map)
         {
             let _ = watched.remove(&tid);
         }
-        self.forget_task_state(tid);
-        self.watched.remove(&tid);
     }
 
-    fn forget_task_state(&mut self, tid: u32) {
-        if let Some(map) = self.ebpf.map_mut(TASKS_MAP)
-            && let Ok(mut tasks) = BpfHashMap::<_, u32, Plain<TaskState>>::try_from(map)
-        {
-            let _ = tasks.remove(&tid);
-        }
+    /// Rewrites the prefilter word holding `tid`'s bit from the watched set
+    /// (other threads may share the bit).
+    fn sync_watched_bit(&mut self, tid: u32) -> Result<(), String> {
+        let (word, _) = watched_bit(tid);
+        let value = self
+            .watched
+            .keys()
+            .map(|&other| watched_bit(other))
+            .filter(|&(other_word, _)| other_word == word)
+            .fold(0u64, |bits, (_, bit)| bits | bit);
+        let map = self.ebpf.map_mut(WATCHED_BITS_MAP).ok_or("missing")?;
+        let mut array = Array::<_, u64>::try_from(map).map_err(|e| error_text(&e))?;
+        array.set(word, value, 0).map_err(|e| error_text(&e))
     }
 
     /// The watched threads and their roles.
@@ -436,8 +510,13 @@ impl Probes {
     /// Events the programs could not write because the ring buffer was
     /// full, since load.
     pub fn losses(&self) -> u64 {
+        self.per_cpu_sum(LOSSES_MAP)
+    }
+
+    /// Entry 0 of a per-CPU `u64` array, summed over CPUs (0 if unreadable).
+    fn per_cpu_sum(&self, map: &str) -> u64 {
         self.ebpf
-            .map(LOSSES_MAP)
+            .map(map)
             .and_then(|map| PerCpuArray::<_, u64>::try_from(map).ok())
             .and_then(|array| array.get(&0, 0).ok())
             .map_or(0, |values| values.iter().sum())
@@ -515,6 +594,17 @@ fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), String> {
     uprobe(ebpf, name)?.load().map_err(|e| error_text(&e))
 }
 
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, name: &str, event: &str, btf: &Btf) -> Result<(), String> {
+    let program: &mut BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| error_text(&e))?;
+    program.load(event, btf).map_err(|e| error_text(&e))?;
+    program.attach().map_err(|e| error_text(&e))?;
+    Ok(())
+}
+
 fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<(), String> {
     let program: &mut TracePoint = ebpf
         .program_mut(name)
@@ -566,12 +656,17 @@ fn error_text(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     if text.len() > MAX_ERROR_LEN {
-        let mut cut = MAX_ERROR_LEN;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+        // Keep the head (what failed) and the tail (a verifier log ends with
+        // its reason).
+        let mut head = MAX_ERROR_LEN / 4;
+        while !text.is_char_boundary(head) {
+            head -= 1;
         }
-        text.truncate(cut);
-        text.push_str(" …");
+        let mut tail = text.len() - (MAX_ERROR_LEN - head);
+        while !text.is_char_boundary(tail) {
+            tail += 1;
+        }
+        text = format!("{} … {}", &text[..head], &text[tail..]);
     }
     text
 }

@@ -11,11 +11,14 @@
 //!   with that pid) to the object that defines the symbols: the executable,
 //!   or the shared object found through `/proc/<pid>/maps`. Every call emits
 //!   a [`ProbeEvent`] and counts a hit ([`HookHits`]);
-//! * classic tracepoints on `sched_switch`, `sched_wakeup`,
-//!   `sched_wakeup_new` and `sched_migrate_task`, filtered in the kernel by
-//!   a map of watched thread ids ([`Probes::watch`]), that report each
-//!   off-CPU interval of a watched thread with its reason
-//!   ([`OffCpuInterval`]) and each of its migrations.
+//! * BTF tracepoints (`tp_btf`; classic tracepoints where the kernel has no
+//!   BTF) on `sched_switch`, `sched_wakeup`, `sched_wakeup_new` and
+//!   `sched_migrate_task`, filtered in the kernel by a map of watched thread
+//!   ids ([`Probes::watch`]), that report off-CPU intervals of a watched
+//!   thread with their reason ([`OffCpuInterval`]; which ones is set by
+//!   [`Probes::set_off_cpu_filter`]) and each of its migrations. The BTF
+//!   programs read `task_struct` fields at offsets found in the kernel's
+//!   BTF at load time.
 //!
 //! Events go through one ring buffer submitted without wakeups; the agent
 //! drains it on its own timer ([`Probes::drain_events`]). Events that did
@@ -29,6 +32,8 @@
 
 mod events;
 
+#[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
+mod btf;
 #[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
 mod loader;
 #[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
@@ -87,12 +92,27 @@ impl Role {
     }
 }
 
+/// Which off-CPU intervals of watched threads the kernel turns into events
+/// ([`Probes::set_off_cpu_filter`]); the others are only counted
+/// ([`Probes::off_cpu_filtered`]). An interval is reported when any
+/// criterion holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuFilter {
+    /// Report a runqueue wait (runnable, not running) at least this long.
+    pub min_runqueue_wait_ns: u64,
+    /// Report a sleep longer than this.
+    pub min_sleep_ns: u64,
+    /// Report every interval that ends on another CPU than it began on
+    /// (where a producer runs matters to a storm's diagnosis).
+    pub cpu_change: bool,
+}
+
 /// One program load or one attachment, and how it went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeStatus {
-    /// Program name (`tp_sched_switch`, `up_drop_begin`, ...).
+    /// Program name (`bt_sched_switch`, `up_drop_begin`, ...).
     pub program: String,
-    /// What it is attached to: `sched/sched_switch`, or `pid 123:
+    /// What it is attached to: `sched/sched_switch (tp_btf)`, or `pid 123:
     /// /proc/123/exe` for a uprobe.
     pub target: String,
     /// Whether it is attached now.

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use super::{HookHits, ProbeEvent, ProbeStatus, ProbesError, Role};
+use super::{HookHits, OffCpuFilter, ProbeEvent, ProbeStatus, ProbesError, Role};
 
 const REASON: &str = if cfg!(feature = "probes") {
     "built with AYA_BUILD_SKIP=1"
@@ -82,6 +82,16 @@ impl Probes {
 
     /// Unreachable.
     pub fn losses(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// Unreachable.
+    pub fn set_off_cpu_filter(&mut self, _filter: Option<OffCpuFilter>) -> Result<(), ProbesError> {
+        match self.never {}
+    }
+
+    /// Unreachable.
+    pub fn off_cpu_filtered(&self) -> u64 {
         match self.never {}
     }
 

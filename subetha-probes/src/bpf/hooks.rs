@@ -15,7 +15,7 @@ pub fn up_drop_begin(ctx: ProbeContext) -> u32 {
     let ring: u64 = ctx.arg(0).unwrap_or(0);
     let instance_id: u32 = ctx.arg(1).unwrap_or(0);
     let dropped_total: u64 = ctx.arg(2).unwrap_or(0);
-    on_hook(hook::DROP_BEGIN, [ring, u64::from(instance_id), dropped_total]);
+    on_hook(&ctx, hook::DROP_BEGIN, [ring, u64::from(instance_id), dropped_total]);
     0
 }
 
@@ -24,7 +24,7 @@ pub fn up_drop_begin(ctx: ProbeContext) -> u32 {
 pub fn up_drop_end(ctx: ProbeContext) -> u32 {
     let ring: u64 = ctx.arg(0).unwrap_or(0);
     let dropped_in_episode: u64 = ctx.arg(1).unwrap_or(0);
-    on_hook(hook::DROP_END, [ring, dropped_in_episode, 0]);
+    on_hook(&ctx, hook::DROP_END, [ring, dropped_in_episode, 0]);
     0
 }
 
@@ -33,7 +33,7 @@ pub fn up_drop_end(ctx: ProbeContext) -> u32 {
 pub fn up_scan_begin(ctx: ProbeContext) -> u32 {
     let segment: u64 = ctx.arg(0).unwrap_or(0);
     let scan_seq: u64 = ctx.arg(1).unwrap_or(0);
-    on_hook(hook::SCAN_BEGIN, [segment, scan_seq, 0]);
+    on_hook(&ctx, hook::SCAN_BEGIN, [segment, scan_seq, 0]);
     0
 }
 
@@ -43,12 +43,12 @@ pub fn up_scan_end(ctx: ProbeContext) -> u32 {
     let segment: u64 = ctx.arg(0).unwrap_or(0);
     let scan_seq: u64 = ctx.arg(1).unwrap_or(0);
     let drained: u64 = ctx.arg(2).unwrap_or(0);
-    on_hook(hook::SCAN_END, [segment, scan_seq, drained]);
+    on_hook(&ctx, hook::SCAN_END, [segment, scan_seq, drained]);
     0
 }
 
 #[inline(always)]
-fn on_hook(hook: u32, args: [u64; 3]) {
+fn on_hook(ctx: &ProbeContext, hook: u32, args: [u64; 3]) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -65,5 +65,5 @@ fn on_hook(hook: u32, args: [u64; 3]) {
         },
         args,
     };
-    emit(&event);
+    emit(ctx, &event);
 }

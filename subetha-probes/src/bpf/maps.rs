@@ -8,13 +8,15 @@
 //! concern for exact counts in practice). User space sums over CPUs.
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
+use aya_log_ebpf::warn;
 use subetha_probes::{
-    BPF_RB_NO_WAKEUP, CpuRun, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, SchedConfig, TASKS_ENTRIES,
-    TaskState, WATCHED_ENTRIES,
+    BPF_RB_NO_WAKEUP, CpuRun, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, OffCpuFilter, SchedConfig,
+    WATCHED_BITS_WORDS, WATCHED_ENTRIES, WatchedTask, watched_bit,
 };
 
 /// Every event, drained by user space on a timer (no wakeups).
@@ -39,13 +41,22 @@ pub static HITS_BY_TID: LruPerCpuHashMap<[u32; 2], u64> =
 #[map]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Watched threads: tid -> role. Kept current by user space.
+/// Watched threads: tid -> role and off-CPU state. User space inserts and
+/// removes entries; the programs only update values in place.
 #[map]
-pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_ENTRIES, 0);
+pub static WATCHED: HashMap<u32, WatchedTask> = HashMap::with_max_entries(WATCHED_ENTRIES, 0);
 
-/// Scheduler state of watched threads while they are off CPU.
+/// Prefilter of [`WATCHED`] (see `subetha_probes::WATCHED_BITS_MAP`).
 #[map]
-pub static TASKS: LruHashMap<u32, TaskState> = LruHashMap::with_max_entries(TASKS_ENTRIES, 0);
+pub static WATCHED_BITS: Array<u64> = Array::with_max_entries(WATCHED_BITS_WORDS, 0);
+
+/// Which off-CPU intervals become events; written by user space.
+#[map]
+pub static OFF_CPU_FILTER: Array<OffCpuFilter> = Array::with_max_entries(1, 0);
+
+/// Off-CPU intervals the filter kept out of [`EVENTS`], per CPU.
+#[map]
+pub static OFF_CPU_FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per CPU: who runs since when, and the longest stretch since a watched
 /// thread last left the CPU.
@@ -95,30 +106,48 @@ pub fn bump_keyed(map: &LruPerCpuHashMap<[u32; 2], u64>, key: [u32; 2]) {
     }
 }
 
-/// Counts one event that did not fit in the ring buffer.
+/// Writes `event` to the ring buffer without waking a poller. When it is
+/// full the event is counted as lost, and the first loss on a CPU is also
+/// logged (aya-log), so a reader of the agent's log learns the probes are
+/// losing events without a log line per loss.
 #[inline(always)]
-pub fn count_loss() {
-    bump(&LOSSES, 0);
-}
-
-/// Writes `event` to the ring buffer without waking a poller; counts a loss
-/// when it is full.
-#[inline(always)]
-pub fn emit<T>(event: &T) {
-    if EVENTS.output::<T>(event, BPF_RB_NO_WAKEUP).is_err() {
-        count_loss();
+pub fn emit<C: EbpfContext, T>(ctx: &C, event: &T) {
+    if EVENTS.output::<T>(event, BPF_RB_NO_WAKEUP).is_ok() {
+        return;
+    }
+    if let Some(lost) = LOSSES.get_ptr_mut(0) {
+        // SAFETY: as in `bump`.
+        let first = unsafe {
+            *lost += 1;
+            *lost == 1
+        };
+        if first {
+            warn!(
+                ctx,
+                "subetha: event ring buffer full on CPU {}; further losses are only counted",
+                cpu()
+            );
+        }
     }
 }
 
-/// The role of a watched thread, or `None`.
+/// The entry of a watched thread, or `None`: first the prefilter bit (an
+/// inlined array load), then the hash lookup.
+///
+/// The pointer is to a live element's value, valid for the program's run.
+/// Its state is written only by the scheduler events of that one thread,
+/// which the scheduler serialises (a task is switched in only after its
+/// switch-out completed, and woken only while it is off CPU).
 #[inline(always)]
-pub fn watched_role(tid: u32) -> Option<u32> {
+pub fn watched(tid: u32) -> Option<*mut WatchedTask> {
     if tid == 0 {
         // The idle task is never watched (and has one "tid 0" per CPU).
         return None;
     }
-    let role = WATCHED.get_ptr(tid)?;
-    // SAFETY: a pointer to a live element's value, valid for the program's
-    // run; a u32 read cannot tear.
-    Some(unsafe { *role })
+    let (word, bit) = watched_bit(tid);
+    let bits = WATCHED_BITS.get(word)?;
+    if bits & bit == 0 {
+        return None;
+    }
+    WATCHED.get_ptr_mut(tid)
 }

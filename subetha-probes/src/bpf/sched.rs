@@ -1,33 +1,163 @@
 //! Scheduler tracepoints: off-CPU intervals and migrations of watched
 //! threads, with their reason.
 //!
-//! For a watched thread the programs keep one [`TaskState`] in `TASKS`:
+//! Each event has two front ends that feed the same logic:
+//!
+//! * a BTF tracepoint (`tp_btf`, preferred): a raw tracepoint, so the kernel
+//!   formats no record for it; it gets the `task_struct` pointers and reads
+//!   `pid`/`comm`/`cpu` directly at offsets user space found in the kernel's
+//!   BTF and set as read-only globals (constants to the verifier);
+//! * a classic tracepoint (fallback on kernels without BTF): the kernel fills
+//!   the tracepoint record, whose field offsets user space read from tracefs
+//!   into [`SchedConfig`], and the fields are read with
+//!   `bpf_probe_read_kernel`.
+//!
+//! For a watched thread the programs keep one [`TaskState`] in its
+//! [`WatchedTask`] entry:
 //!
 //! 1. `sched_switch` with the thread as `prev` (switch-out) records the
-//!    time, the CPU, the masked `prev_state` (0: still runnable, i.e.
-//!    preempted) and the `next` task that replaced it;
+//!    time, the CPU, the reported state (0: still runnable, i.e. preempted)
+//!    and the `next` task that replaced it;
 //! 2. `sched_wakeup` of the thread, if it went to sleep, records the wakeup;
-//! 3. `sched_switch` with the thread as `next` (switch-in) emits one
-//!    [`OffCpuEvent`] with all of the above plus the task that held the CPU
-//!    longest while it was away (from [`CpuRun`], see below; the `prev` of
-//!    the switch when no longer stretch is known), and clears the state.
+//! 3. `sched_switch` with the thread as `next` (switch-in) closes the
+//!    interval: one [`OffCpuEvent`] with all of the above plus the task that
+//!    held the CPU longest while it was away (from [`CpuRun`], see below; the
+//!    `prev` of the switch when no longer stretch is known), unless the
+//!    [`OffCpuFilter`] user space set says the interval is unremarkable.
 //!
 //! Every `sched_switch` also updates this CPU's [`CpuRun`]: the stretch the
 //! outgoing task ran is compared with the longest one recorded since a
 //! watched thread last left the CPU (a few loads and stores; the outgoing
 //! task's name is read only when its stretch becomes the longest).
 //!
-//! Field offsets come from [`SchedConfig`] (user space reads them from
-//! tracefs), and the record is read with `bpf_probe_read_kernel`, so nothing
-//! depends on a hard-coded layout. Nothing is logged on these hot paths
-//! except a failed state insert, which cannot happen with an LRU map short
-//! of memory exhaustion.
+//! What runs for a thread nobody watches is kept to a minimum: a
+//! prefilter bit per tid residue, so a switch between unwatched threads
+//! costs the `CpuRun` update and two inlined array loads, and a wakeup one.
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
-use aya_log_ebpf::error;
-use subetha_probes::{COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, SchedConfig, TaskState, kind};
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use subetha_probes::{
+    COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState, WatchedTask, kind,
+};
 
-use super::maps::{CPU_RUN, SCHED_CONFIG, TASKS, cpu, emit, now_ns, watched_role};
+use super::maps::{CPU_RUN, OFF_CPU_FILTER, OFF_CPU_FILTERED, SCHED_CONFIG, bump, cpu, emit, now_ns, watched};
+
+// ------------------------------------------------------------ BTF tracepoints
+
+/// Offset of `task_struct.pid`, set by user space before loading. The
+/// default is out of range on purpose: unset, the verifier rejects the
+/// program instead of letting it read the wrong field.
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_PID_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.comm` (see [`SUBETHA_TASK_PID_OFFSET`]).
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_COMM_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.cpu` (see [`SUBETHA_TASK_PID_OFFSET`]).
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_CPU_OFFSET: u32 = u32::MAX;
+
+/// A `u32` field of a task, read directly through the BTF-typed pointer.
+#[inline(always)]
+fn task_u32(task: *const u8, offset: &'static u32) -> u32 {
+    // SAFETY: `offset` is a read-only global; a volatile read keeps the
+    // compiler from folding its placeholder value.
+    let offset = unsafe { core::ptr::read_volatile(offset) };
+    // SAFETY: `task` is a `task_struct` argument of a BTF tracepoint and
+    // `offset` the offset of a 4-byte field in it (from the kernel's BTF).
+    // The verifier checks the access against the BTF and the JIT makes it a
+    // fault-tolerant load.
+    unsafe { core::ptr::read(task.add(offset as usize).cast::<u32>()) }
+}
+
+/// A task's `comm`.
+#[inline(always)]
+fn task_comm(task: *const u8) -> [u8; COMM_LEN] {
+    // SAFETY: as in `task_u32`.
+    let offset = unsafe { core::ptr::read_volatile(&SUBETHA_TASK_COMM_OFFSET) };
+    // SAFETY: bpf_probe_read_kernel of 16 bytes of a live task_struct; the
+    // helper fails safely (returns an error) on a bad address.
+    unsafe { bpf_probe_read_kernel(task.add(offset as usize).cast::<[u8; COMM_LEN]>()) }.unwrap_or([0; COMM_LEN])
+}
+
+/// The running task's `comm` (at `sched_switch`, `prev`'s).
+#[inline(always)]
+fn current_comm() -> [u8; COMM_LEN] {
+    bpf_get_current_comm().unwrap_or([0; COMM_LEN])
+}
+
+/// The state `prev` left in, as the classic tracepoint reports it
+/// (`__trace_sched_switch_state`): 0 when preempted, else the bit of its
+/// highest task state among `TASK_REPORT`, `0x80` for `TASK_IDLE`, and
+/// `TASK_RTLOCK_WAIT` reported as uninterruptible.
+#[inline(always)]
+fn reported_state(preempt: bool, prev_state: u32) -> u64 {
+    const TASK_REPORT: u32 = 0x7f;
+    const TASK_IDLE: u32 = 0x402;
+    const TASK_RTLOCK_WAIT: u32 = 0x1000;
+    if preempt {
+        return 0;
+    }
+    match prev_state {
+        TASK_IDLE => 0x80,
+        TASK_RTLOCK_WAIT => 2,
+        state => {
+            let state = state & TASK_REPORT;
+            if state == 0 { 0 } else { 1u64 << (31 - state.leading_zeros()) }
+        }
+    }
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct
+/// *next, unsigned int prev_state)`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn bt_sched_switch(ctx: BtfTracePointContext) -> u32 {
+    let preempt: u64 = ctx.arg(0);
+    let prev: *const u8 = ctx.arg(1);
+    let next: *const u8 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    let switch = Switch {
+        prev: task_u32(prev, &SUBETHA_TASK_PID_OFFSET),
+        next: task_u32(next, &SUBETHA_TASK_PID_OFFSET),
+        out_state: reported_state(preempt & 1 == 1, prev_state as u32),
+    };
+    on_switch(&ctx, &switch, current_comm, || task_comm(next));
+    0
+}
+
+/// `sched_wakeup(struct task_struct *p)`.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn bt_sched_wakeup(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    woken(task_u32(task, &SUBETHA_TASK_PID_OFFSET));
+    0
+}
+
+/// `sched_wakeup_new(struct task_struct *p)`: see [`tp_wakeup_new`].
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn bt_wakeup_new(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    woken(task_u32(task, &SUBETHA_TASK_PID_OFFSET));
+    0
+}
+
+/// `sched_migrate_task(struct task_struct *p, int dest_cpu)`: called
+/// before the move, so `p`'s CPU is still the original one.
+#[btf_tracepoint(function = "sched_migrate_task")]
+pub fn bt_migrate_task(ctx: BtfTracePointContext) -> u32 {
+    let task: *const u8 = ctx.arg(0);
+    let dest_cpu: u64 = ctx.arg(1);
+    let tid = task_u32(task, &SUBETHA_TASK_PID_OFFSET);
+    if watched(tid).is_some() {
+        migrated(&ctx, tid, task_u32(task, &SUBETHA_TASK_CPU_OFFSET), dest_cpu as u32);
+    }
+    0
+}
+
+// ------------------------------------------------------ classic tracepoints
 
 /// `sched/sched_switch`.
 #[tracepoint(category = "sched", name = "sched_switch")]
@@ -41,54 +171,27 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     ) else {
         return 0;
     };
-    let now = now_ns();
-    let run = CPU_RUN.get_ptr_mut(0);
-    if let Some(run) = run {
-        // SAFETY: this CPU's value of the single-slot per-CPU array, valid
-        // for the program's run; only this CPU writes it, with preemption
-        // disabled in the tracepoint.
-        unsafe {
-            let ran = now.saturating_sub((*run).since_ns);
-            let longest = (*run).longest_end_ns.saturating_sub((*run).longest_begin_ns);
-            if (*run).since_ns != 0 && prev != 0 && ran > longest {
-                (*run).longest_begin_ns = (*run).since_ns;
-                (*run).longest_end_ns = now;
-                (*run).longest_pid = prev;
-                (*run).longest_comm = read_comm(&ctx, config.switch_prev_comm);
-            }
-            (*run).since_ns = now;
-        }
-    }
-    if watched_role(prev).is_some() {
-        switched_out(&ctx, config, prev, next);
-        if let Some(run) = run {
-            // SAFETY: as above. Start a new window: who holds the CPU from
-            // now on is what this thread will want to know.
-            unsafe {
-                (*run).longest_begin_ns = 0;
-                (*run).longest_end_ns = 0;
-                (*run).longest_pid = 0;
-            }
-        }
-    }
-    if let Some(role) = watched_role(next) {
-        let holder = run.and_then(|run| {
-            // SAFETY: as above.
-            let run = unsafe { *run };
-            // Never name the thread itself (its own stretch before it left
-            // this CPU, if its departure was not seen here).
-            (run.longest_pid != 0 && run.longest_pid != next).then_some((run.longest_pid, run.longest_comm))
-        });
-        switched_in(&ctx, config, next, role, prev, holder);
-    }
+    let switch = Switch {
+        prev,
+        next,
+        out_state: read_state(&ctx, config),
+    };
+    on_switch(
+        &ctx,
+        &switch,
+        || read_comm(&ctx, config.switch_prev_comm),
+        || read_comm(&ctx, config.switch_next_comm),
+    );
     0
 }
 
 /// `sched/sched_wakeup`.
 #[tracepoint(category = "sched", name = "sched_wakeup")]
 pub fn tp_sched_wakeup(ctx: TracePointContext) -> u32 {
-    if let Some(config) = config() {
-        woken(&ctx, config.wakeup_pid);
+    if let Some(config) = config()
+        && let Some(tid) = read_u32(&ctx, config.wakeup_pid)
+    {
+        woken(tid);
     }
     0
 }
@@ -98,8 +201,10 @@ pub fn tp_sched_wakeup(ctx: TracePointContext) -> u32 {
 /// ahead of time; handled like `sched_wakeup`.
 #[tracepoint(category = "sched", name = "sched_wakeup_new")]
 pub fn tp_wakeup_new(ctx: TracePointContext) -> u32 {
-    if let Some(config) = config() {
-        woken(&ctx, config.wakeup_new_pid);
+    if let Some(config) = config()
+        && let Some(tid) = read_u32(&ctx, config.wakeup_new_pid)
+    {
+        woken(tid);
     }
     0
 }
@@ -113,33 +218,19 @@ pub fn tp_migrate_task(ctx: TracePointContext) -> u32 {
     let Some(tid) = read_u32(&ctx, config.migrate_pid) else {
         return 0;
     };
-    if watched_role(tid).is_none() {
+    if watched(tid).is_none() {
         return 0;
     }
-    let (Some(orig_cpu), Some(dest_cpu)) = (
+    if let (Some(orig_cpu), Some(dest_cpu)) = (
         read_u32(&ctx, config.migrate_orig_cpu),
         read_u32(&ctx, config.migrate_dest_cpu),
-    ) else {
-        return 0;
-    };
-    let event = MigrateEvent {
-        header: EventHeader {
-            kind: kind::MIGRATE,
-            cpu: cpu(),
-            // The migrating task is usually not the current one; user space
-            // knows the process of every thread it watches.
-            pid: 0,
-            tid,
-            ts_ns: now_ns(),
-        },
-        orig_cpu,
-        dest_cpu,
-    };
-    emit(&event);
+    ) {
+        migrated(&ctx, tid, orig_cpu, dest_cpu);
+    }
     0
 }
 
-/// The configuration, once user space has filled it in.
+/// The classic tracepoints' configuration, once user space has filled it in.
 #[inline(always)]
 fn config() -> Option<&'static SchedConfig> {
     let config = SCHED_CONFIG.get(0)?;
@@ -170,9 +261,79 @@ fn read_state(ctx: &TracePointContext, config: &SchedConfig) -> u64 {
     raw & config.state_mask
 }
 
+// ------------------------------------------------------------ shared logic
+
+/// What a `sched_switch` says, however it was read.
+struct Switch {
+    prev: u32,
+    next: u32,
+    /// `prev`'s reported state: 0 when it left runnable (preempted).
+    out_state: u64,
+}
+
+/// One `sched_switch`: the CPU's run stretch, then a watched `prev`
+/// leaving and a watched `next` coming back. The names are read only when
+/// needed.
+#[inline(always)]
+fn on_switch<C: EbpfContext>(
+    ctx: &C,
+    switch: &Switch,
+    prev_comm: impl Fn() -> [u8; COMM_LEN],
+    next_comm: impl Fn() -> [u8; COMM_LEN],
+) {
+    let &Switch { prev, next, out_state } = switch;
+    let now = now_ns();
+    let run = CPU_RUN.get_ptr_mut(0);
+    if let Some(run) = run {
+        // SAFETY: this CPU's value of the single-slot per-CPU array, valid
+        // for the program's run; only this CPU writes it, with preemption
+        // disabled in the tracepoint.
+        unsafe {
+            let ran = now.saturating_sub((*run).since_ns);
+            let longest = (*run).longest_end_ns.saturating_sub((*run).longest_begin_ns);
+            if (*run).since_ns != 0 && prev != 0 && ran > longest {
+                (*run).longest_begin_ns = (*run).since_ns;
+                (*run).longest_end_ns = now;
+                (*run).longest_pid = prev;
+                (*run).longest_comm = prev_comm();
+            }
+            (*run).since_ns = now;
+        }
+    }
+    if let Some(entry) = watched(prev) {
+        switched_out(entry, prev, next, out_state, now, next_comm);
+        if let Some(run) = run {
+            // SAFETY: as above. Start a new window: who holds the CPU from
+            // now on is what this thread will want to know.
+            unsafe {
+                (*run).longest_begin_ns = 0;
+                (*run).longest_end_ns = 0;
+                (*run).longest_pid = 0;
+            }
+        }
+    }
+    if let Some(entry) = watched(next) {
+        let holder = run.and_then(|run| {
+            // SAFETY: as above.
+            let run = unsafe { *run };
+            // Never name the thread itself (its own stretch before it left
+            // this CPU, if its departure was not seen here).
+            (run.longest_pid != 0 && run.longest_pid != next).then_some((run.longest_pid, run.longest_comm))
+        });
+        switched_in(ctx, entry, next, now, holder.unwrap_or_else(|| (prev, prev_comm())));
+    }
+}
+
 /// A watched `prev` leaves the CPU: remember when, why and for whom.
 #[inline(always)]
-fn switched_out(ctx: &TracePointContext, config: &SchedConfig, prev: u32, next: u32) {
+fn switched_out(
+    entry: *mut WatchedTask,
+    prev: u32,
+    next: u32,
+    out_state: u64,
+    now: u64,
+    next_comm: impl Fn() -> [u8; COMM_LEN],
+) {
     // At sched_switch `current` is still `prev`.
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = if pid_tgid as u32 == prev {
@@ -181,100 +342,111 @@ fn switched_out(ctx: &TracePointContext, config: &SchedConfig, prev: u32, next: 
         0
     };
     let state = TaskState {
-        out_ts: now_ns(),
+        out_ts: now,
         wakeup_ts: 0,
-        out_state: read_state(ctx, config),
+        out_state,
         pid,
         cpu_out: cpu(),
         replaced_by_pid: next,
         _reserved: 0,
-        replaced_by_comm: read_comm(ctx, config.switch_next_comm),
+        replaced_by_comm: next_comm(),
     };
-    if let Err(code) = TASKS.insert(prev, state, 0) {
-        error!(ctx, "subetha: TASKS insert for tid {} failed: {}", prev, code);
-    }
+    // SAFETY: `entry` comes from `watched` (see there for why this thread's
+    // state has no concurrent writer).
+    unsafe { (*entry).state = state };
 }
 
-/// A watched `next` gets the CPU back: one event for the whole interval.
+/// A watched `next` gets the CPU back: one event for the whole interval,
+/// unless the filter drops it. `holder` is who held the CPU meanwhile.
 #[inline(always)]
-fn switched_in(
-    ctx: &TracePointContext,
-    config: &SchedConfig,
-    next: u32,
-    role: u32,
-    prev: u32,
-    longest: Option<(u32, [u8; COMM_LEN])>,
-) {
-    let Some(state) = TASKS.get_ptr_mut(next) else {
+fn switched_in<C: EbpfContext>(ctx: &C, entry: *mut WatchedTask, next: u32, now: u64, holder: (u32, [u8; COMM_LEN])) {
+    // SAFETY: as in `switched_out`.
+    let (role, state) = unsafe { ((*entry).role, (*entry).state) };
+    // SAFETY: as above.
+    unsafe { (*entry).state.out_ts = 0 };
+    if state.out_ts == 0 {
         // Not seen leaving the CPU since it was watched.
         return;
-    };
-    // SAFETY: a pointer to a live LRU element's value, valid for this run.
-    // Only sched_switch/sched_wakeup of this tid write it, and those are
-    // serialised by the scheduler for one task (the runqueue lock of the
-    // CPU it is on or is being woken to).
-    let TaskState {
-        out_ts,
-        wakeup_ts,
-        out_state,
-        pid,
-        cpu_out,
-        replaced_by_pid,
-        _reserved: _,
-        replaced_by_comm,
-    } = unsafe { *state };
-    // SAFETY: as above.
-    unsafe { (*state).out_ts = 0 };
-    if out_ts == 0 {
+    }
+    let cpu_in = cpu();
+    if let Some(filter) = OFF_CPU_FILTER.get(0)
+        && filter.enabled == 1
+        && !remarkable(filter, &state, now, cpu_in)
+    {
+        bump(&OFF_CPU_FILTERED, 0);
         return;
     }
-    // The longest stretch since a watched thread left this CPU; if this
-    // thread left another CPU (migrated), the window may be shorter than its
-    // absence, but the stretch still fell while it was away.
-    let (holder_pid, holder_comm) = match longest {
-        Some(holder) => holder,
-        None => (prev, read_comm(ctx, config.switch_prev_comm)),
-    };
     let event = OffCpuEvent {
         header: EventHeader {
             kind: kind::OFF_CPU,
-            cpu: cpu(),
-            pid,
+            cpu: cpu_in,
+            pid: state.pid,
             tid: next,
-            ts_ns: now_ns(),
+            ts_ns: now,
         },
-        out_ts,
-        wakeup_ts,
-        out_state,
-        cpu_out,
+        out_ts: state.out_ts,
+        wakeup_ts: state.wakeup_ts,
+        out_state: state.out_state,
+        cpu_out: state.cpu_out,
         role,
-        holder_pid,
-        replaced_by_pid,
-        holder_comm,
-        replaced_by_comm,
+        holder_pid: holder.0,
+        replaced_by_pid: state.replaced_by_pid,
+        holder_comm: holder.1,
+        replaced_by_comm: state.replaced_by_comm,
     };
-    emit(&event);
+    emit(ctx, &event);
+}
+
+/// Whether an interval passes the filter: the same runqueue-wait and
+/// asleep split as user space's `OffCpuInterval`.
+#[inline(always)]
+fn remarkable(filter: &OffCpuFilter, state: &TaskState, now: u64, cpu_in: u32) -> bool {
+    let runnable_since = if state.out_state == 0 {
+        state.out_ts
+    } else if state.wakeup_ts == 0 {
+        now
+    } else {
+        // Not `clamp`: it may panic, which the verifier refuses.
+        state.wakeup_ts.max(state.out_ts).min(now)
+    };
+    now.saturating_sub(runnable_since) >= filter.min_wait_ns
+        || runnable_since.saturating_sub(state.out_ts) > filter.min_sleep_ns
+        || (filter.cpu_change == 1 && cpu_in != state.cpu_out)
 }
 
 /// A watched thread that went to sleep is woken: runqueue wait starts.
 #[inline(always)]
-fn woken(ctx: &TracePointContext, pid_offset: u32) {
-    let Some(tid) = read_u32(ctx, pid_offset) else {
+fn woken(tid: u32) {
+    let Some(entry) = watched(tid) else {
         return;
     };
-    if watched_role(tid).is_none() {
-        return;
-    }
-    let Some(state) = TASKS.get_ptr_mut(tid) else {
-        return;
-    };
-    // SAFETY: see `switched_in`.
+    // SAFETY: as in `switched_out`.
     unsafe {
         // Only a thread that is off CPU because it slept gets a wakeup time
         // (a preempted thread that had set a sleep state can be "woken"
         // while it waits on the runqueue; it never slept).
-        if (*state).out_ts != 0 && (*state).out_state != 0 && (*state).wakeup_ts == 0 {
-            (*state).wakeup_ts = now_ns();
+        let state = &mut (*entry).state;
+        if state.out_ts != 0 && state.out_state != 0 && state.wakeup_ts == 0 {
+            state.wakeup_ts = now_ns();
         }
     }
+}
+
+/// A watched thread moves from `orig_cpu` to `dest_cpu`.
+#[inline(always)]
+fn migrated<C: EbpfContext>(ctx: &C, tid: u32, orig_cpu: u32, dest_cpu: u32) {
+    let event = MigrateEvent {
+        header: EventHeader {
+            kind: kind::MIGRATE,
+            cpu: cpu(),
+            // The migrating task is usually not the current one; user space
+            // knows the process of every thread it watches.
+            pid: 0,
+            tid,
+            ts_ns: now_ns(),
+        },
+        orig_cpu,
+        dest_cpu,
+    };
+    emit(ctx, &event);
 }
