@@ -45,28 +45,51 @@ pub const HITS_BY_TASK_ENTRIES: u32 = 4096;
 /// Name of the loss counter (`PERCPU_ARRAY<u64>`, one entry): events that
 /// could not be written to the ring buffer.
 pub const LOSSES_MAP: &str = "LOSSES";
-/// Name of the watched-thread map (`HASH<u32 tid, WatchedTask>`): user
-/// space inserts a thread with its role and a zeroed state; the programs
-/// update the state in place (no insert on the scheduler's hot path).
+/// Name of the watched-thread slots (`ARRAY<WatchedTask>`,
+/// [`WATCHED_ENTRIES`] entries). User space fills a slot (tid, role,
+/// process, zeroed state) before publishing it in [`WATCHED_INDEX_MAP`] and
+/// zeroes the tid after unpublishing it; the programs only update the state
+/// of a slot whose tid matches, in place.
 pub const WATCHED_MAP: &str = "WATCHED";
-/// Entries of [`WATCHED_MAP`].
+/// Threads that can be watched at once (slots of [`WATCHED_MAP`]).
 pub const WATCHED_ENTRIES: u32 = 4096;
-/// Name of the watched-thread prefilter (`ARRAY<u64>`, [`WATCHED_BITS_WORDS`]
-/// entries): bit `tid % 65536` is set when some watched thread has that
-/// residue. A clear bit rejects a thread with one inlined array load, so
-/// the hash lookup runs only for watched threads and rare collisions.
-pub const WATCHED_BITS_MAP: &str = "WATCHED_BITS";
-/// Words of [`WATCHED_BITS_MAP`].
-pub const WATCHED_BITS_WORDS: u32 = 1024;
+/// Name of the watched-thread index (`ARRAY<u64>`,
+/// [`WATCHED_INDEX_WORDS`] entries of four `u16` each): for every residue
+/// `tid % 65536`, [`index::NONE`], a slot of [`WATCHED_MAP`] plus one, or
+/// [`index::OVERFLOW`] when two watched threads share the residue (then
+/// [`WATCHED_OVERFLOW_MAP`] says which slot). Finding out that a thread is
+/// not watched, what nearly every scheduler event asks, costs one inlined
+/// array load, and finding a watched thread's slot a second one: no hash
+/// lookup on the scheduler's hot path.
+pub const WATCHED_INDEX_MAP: &str = "WATCHED_INDEX";
+/// Words of [`WATCHED_INDEX_MAP`].
+pub const WATCHED_INDEX_WORDS: u32 = 16384;
+/// Name of the slots of watched threads whose residue is shared
+/// (`HASH<u32 tid, u32 slot>`, [`WATCHED_ENTRIES`] entries).
+pub const WATCHED_OVERFLOW_MAP: &str = "WATCHED_OVERFLOW";
 /// Name of the tracepoint configuration (`ARRAY<SchedConfig>`, one entry).
 pub const SCHED_CONFIG_MAP: &str = "SCHED_CONFIG";
 /// Name of the off-CPU event filter (`ARRAY<OffCpuFilter>`, one entry).
 pub const OFF_CPU_FILTER_MAP: &str = "OFF_CPU_FILTER";
 
-/// The word and bit of [`WATCHED_BITS_MAP`] that stand for `tid`.
-pub const fn watched_bit(tid: u32) -> (u32, u64) {
-    let residue = tid % (WATCHED_BITS_WORDS * 64);
-    (residue / 64, 1 << (residue % 64))
+/// Values of the `u16` entries of [`WATCHED_INDEX_MAP`].
+pub mod index {
+    /// No watched thread has this residue.
+    pub const NONE: u16 = 0;
+    /// Several do: look the tid up in the overflow map.
+    pub const OVERFLOW: u16 = u16::MAX;
+    /// Residues per index word.
+    pub const PER_WORD: u32 = 4;
+
+    /// The residue of `tid`: which index entry stands for it.
+    pub const fn residue(tid: u32) -> u32 {
+        tid % (super::WATCHED_INDEX_WORDS * PER_WORD)
+    }
+
+    /// The word of the index and the bit shift of `residue`'s entry in it.
+    pub const fn position(residue: u32) -> (u32, u32) {
+        (residue / PER_WORD, (residue % PER_WORD) * 16)
+    }
 }
 
 /// Names of the read-only globals user space sets before loading: the
@@ -81,6 +104,11 @@ pub mod global {
     /// `u32`: offset of the CPU a task is on (`unsigned int`) in
     /// `task_struct`.
     pub const TASK_CPU_OFFSET: &str = "SUBETHA_TASK_CPU_OFFSET";
+    /// `u32`: offset of `se.exec_start` (`u64`) in `task_struct`: the
+    /// runqueue task clock when the task last started or was last
+    /// accounted, which at `sched_switch` is "now" for `next` (just picked)
+    /// and for `prev` (just accounted).
+    pub const TASK_EXEC_START_OFFSET: &str = "SUBETHA_TASK_EXEC_START_OFFSET";
 }
 
 /// The eBPF programs, by the name aya knows them (at most 15 bytes: the
@@ -127,7 +155,12 @@ pub mod program {
     pub const TRACEPOINTS: [(&str, &str, &str, &str); 4] = [
         (BTF_SCHED_SWITCH, SCHED_SWITCH, "sched", "sched_switch"),
         (BTF_SCHED_WAKEUP, SCHED_WAKEUP, "sched", "sched_wakeup"),
-        (BTF_SCHED_WAKEUP_NEW, SCHED_WAKEUP_NEW, "sched", "sched_wakeup_new"),
+        (
+            BTF_SCHED_WAKEUP_NEW,
+            SCHED_WAKEUP_NEW,
+            "sched",
+            "sched_wakeup_new",
+        ),
         (BTF_SCHED_MIGRATE, SCHED_MIGRATE, "sched", "sched_migrate_task"),
     ];
 }
@@ -168,7 +201,7 @@ pub mod kind {
     }
 }
 
-/// Roles of watched threads (values of [`WATCHED_MAP`]).
+/// Roles of watched threads ([`WatchedTask::role`]).
 pub mod role {
     /// A consumer's scan thread.
     pub const SCANNER: u32 = 1;
@@ -286,13 +319,17 @@ pub struct TaskState {
     pub replaced_by_comm: [u8; COMM_LEN],
 }
 
-/// A watched thread (value of [`WATCHED_MAP`]).
+/// A watched thread (a slot of [`WATCHED_MAP`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct WatchedTask {
+    /// The thread (0: a free slot).
+    pub tid: u32,
     /// Its role ([`role`]).
     pub role: u32,
+    /// Its process (0 when unknown).
+    pub pid: u32,
     /// Reserved (0).
     pub _reserved: u32,
     /// Its off-CPU state (zero when user space (re)watches it).
@@ -332,12 +369,15 @@ pub const OFF_CPU_FILTERED_MAP: &str = "OFF_CPU_FILTERED";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct CpuRun {
-    /// When the current task was switched in.
-    pub since_ns: u64,
-    /// Start of the longest stretch since the reset.
-    pub longest_begin_ns: u64,
-    /// Its end.
-    pub longest_end_ns: u64,
+    /// When the current task was switched in, on this CPU's run clock: the
+    /// runqueue's task clock read from the tasks (BTF programs; no clock
+    /// read of their own on the hot path) or `bpf_ktime_get_ns` (classic
+    /// programs). Only differences on one CPU are ever taken.
+    pub since: u64,
+    /// Length of the longest stretch since the reset, in the same clock.
+    pub longest: u64,
+    /// Reserved (0).
+    pub _reserved0: u64,
     /// The task that ran it.
     pub longest_pid: u32,
     /// Reserved (0).
@@ -394,7 +434,7 @@ const _: () = {
     assert!(size_of::<OffCpuEvent>() == 96);
     assert!(size_of::<MigrateEvent>() == 32);
     assert!(size_of::<TaskState>() == 56);
-    assert!(size_of::<WatchedTask>() == 64);
+    assert!(size_of::<WatchedTask>() == 72);
     assert!(size_of::<OffCpuFilter>() == 24);
     assert!(size_of::<CpuRun>() == 48);
     assert!(size_of::<SchedConfig>() == 56);

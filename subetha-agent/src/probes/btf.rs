@@ -1,8 +1,8 @@
 //! The `task_struct` field offsets the BTF tracepoints need, read from the
 //! kernel's BTF (`/sys/kernel/btf/vmlinux`).
 //!
-//! The BTF tracepoints get `task_struct` pointers and load `pid`, `comm` and
-//! `cpu` directly; the offsets differ between kernel builds, so they are
+//! The BTF tracepoints get `task_struct` pointers and load `pid`, `comm`,
+//! `cpu` and `se.exec_start` directly; the offsets differ between kernel builds, so they are
 //! looked up here at load time and handed to the programs as read-only
 //! globals. Only what that needs is parsed: the type section's records (to
 //! step over every kind), structs and unions with their members, and the
@@ -30,6 +30,9 @@ pub struct TaskOffsets {
     pub comm: u32,
     /// `unsigned int cpu` (4 bytes): the CPU the task is on.
     pub cpu: u32,
+    /// `se.exec_start` (`u64`): the runqueue task clock when the task was
+    /// last picked or accounted.
+    pub exec_start: u32,
 }
 
 impl TaskOffsets {
@@ -48,38 +51,21 @@ impl TaskOffsets {
     pub fn from_btf(bytes: &[u8]) -> Result<TaskOffsets, String> {
         let btf = Btf::parse(bytes)?;
         let task = btf.struct_by_name("task_struct")?;
-        let field = |name: &str, size: u32| -> Result<u32, String> {
-            let member = btf
-                .find_member(task, name, 0)?
-                .ok_or_else(|| format!("task_struct has no member `{name}`"))?;
-            let actual = btf.size_of(member.type_id, 0)?;
-            if actual != size {
-                return Err(format!("task_struct.{name} is {actual} bytes, expected {size}"));
-            }
-            Ok(member.byte_offset)
-        };
-        let pid = field("pid", 4)?;
-        let comm = field("comm", 16)?;
+        let pid = btf.field_offset(task, &["pid"], 4)?;
+        let comm = btf.field_offset(task, &["comm"], 16)?;
         // `cpu` is in task_struct itself, or (x86 since 5.16) in its
         // embedded thread_info.
-        let cpu = match field("cpu", 4) {
-            Ok(offset) => offset,
-            Err(direct) => {
-                let info = btf
-                    .find_member(task, "thread_info", 0)?
-                    .ok_or_else(|| format!("{direct}, and no thread_info"))?;
-                let info_struct = btf.strip(info.type_id, 0)?;
-                let member = btf
-                    .find_member(info_struct, "cpu", 0)?
-                    .ok_or_else(|| format!("{direct}, nor thread_info"))?;
-                let size = btf.size_of(member.type_id, 0)?;
-                if size != 4 {
-                    return Err(format!("thread_info.cpu is {size} bytes, expected 4"));
-                }
-                info.byte_offset + member.byte_offset
-            }
-        };
-        Ok(TaskOffsets { pid, comm, cpu })
+        let cpu = btf.field_offset(task, &["cpu"], 4).or_else(|direct| {
+            btf.field_offset(task, &["thread_info", "cpu"], 4)
+                .map_err(|_| direct)
+        })?;
+        let exec_start = btf.field_offset(task, &["se", "exec_start"], 8)?;
+        Ok(TaskOffsets {
+            pid,
+            comm,
+            cpu,
+            exec_start,
+        })
     }
 }
 
@@ -138,11 +124,15 @@ struct Btf<'a> {
 }
 
 fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(bytes.get(at..at.checked_add(2)?)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        bytes.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        bytes.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 impl<'a> Btf<'a> {
@@ -221,7 +211,10 @@ impl<'a> Btf<'a> {
             .strings
             .get(offset as usize..)
             .ok_or_else(|| format!("BTF string offset {offset} out of bounds"))?;
-        let end = tail.iter().position(|&b| b == 0).ok_or("unterminated BTF string")?;
+        let end = tail
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or("unterminated BTF string")?;
         std::str::from_utf8(&tail[..end]).map_err(|_| "BTF string is not UTF-8".into())
     }
 
@@ -258,7 +251,11 @@ impl<'a> Btf<'a> {
             let member_name = u32_at(self.types, at).ok_or_else(bad)?;
             let type_id = u32_at(self.types, at + 4).ok_or_else(bad)?;
             let offset = u32_at(self.types, at + 8).ok_or_else(bad)?;
-            let bit_offset = if record.kind_flag { offset & 0x00ff_ffff } else { offset };
+            let bit_offset = if record.kind_flag {
+                offset & 0x00ff_ffff
+            } else {
+                offset
+            };
             let bitfield = record.kind_flag && offset >> 24 != 0;
             if member_name == 0 {
                 if let Some(inner) = self.find_member(type_id, name, depth + 1)? {
@@ -278,6 +275,31 @@ impl<'a> Btf<'a> {
             }
         }
         Ok(None)
+    }
+
+    /// Offset of the field at `path` (member names, each in the struct the
+    /// previous one is) in struct `id`, checking it is `size` bytes.
+    fn field_offset(&self, id: u32, path: &[&str], size: u32) -> Result<u32, String> {
+        let dotted = path.join(".");
+        let mut container = id;
+        let mut offset = 0u32;
+        let mut member = None;
+        for name in path {
+            let found = self
+                .find_member(self.strip(container, 0)?, name, 0)?
+                .ok_or_else(|| format!("task_struct has no member `{dotted}`"))?;
+            offset = offset
+                .checked_add(found.byte_offset)
+                .ok_or("BTF offset overflows")?;
+            container = found.type_id;
+            member = Some(found);
+        }
+        let member = member.ok_or("empty field path")?;
+        let actual = self.size_of(member.type_id, 0)?;
+        if actual != size {
+            return Err(format!("task_struct.{dotted} is {actual} bytes, expected {size}"));
+        }
+        Ok(offset)
     }
 
     /// Type `id` without typedefs and qualifiers.
@@ -407,8 +429,17 @@ mod tests {
         b.record("e", kind::ENUM, 2, 4, &enum_values);
         let union_members = b.members(&[("x", int, 0), ("pid", pid_t, 0)]);
         let union = b.record("", kind::UNION, 2, 4, &union_members);
-        let task_members = b.members(&[("state", long, 0), ("", union, 8), ("comm", comm, 16), ("cpu", uint, 32)]);
-        b.record("task_struct", kind::STRUCT, 4, 40, &task_members);
+        let u64_ = b.int("u64", 8);
+        let se_members = b.members(&[("load", long, 0), ("exec_start", u64_, 8)]);
+        let se = b.record("sched_entity", kind::STRUCT, 2, 16, &se_members);
+        let task_members = b.members(&[
+            ("state", long, 0),
+            ("", union, 8),
+            ("comm", comm, 16),
+            ("cpu", uint, 32),
+            ("se", se, 40),
+        ]);
+        b.record("task_struct", kind::STRUCT, 5, 56, &task_members);
         b.finish()
     }
 
@@ -420,7 +451,8 @@ mod tests {
             TaskOffsets {
                 pid: 8,
                 comm: 16,
-                cpu: 32
+                cpu: 32,
+                exec_start: 48,
             }
         );
     }
@@ -434,8 +466,15 @@ mod tests {
         let comm = b.record("", kind::ARRAY, 0, 0, &[char_, int, 16]);
         let info_members = b.members(&[("flags", long, 0), ("cpu", int, 20)]);
         let info = b.record("thread_info", kind::STRUCT, 2, 24, &info_members);
-        let task_members = b.members(&[("thread_info", info, 0), ("pid", int, 24), ("comm", comm, 28)]);
-        b.record("task_struct", kind::STRUCT, 3, 48, &task_members);
+        let se_members = b.members(&[("exec_start", long, 0)]);
+        let se = b.record("sched_entity", kind::STRUCT, 1, 8, &se_members);
+        let task_members = b.members(&[
+            ("thread_info", info, 0),
+            ("pid", int, 24),
+            ("comm", comm, 28),
+            ("se", se, 48),
+        ]);
+        b.record("task_struct", kind::STRUCT, 4, 56, &task_members);
         assert_eq!(TaskOffsets::from_btf(&b.finish()).unwrap().cpu, 20);
     }
 
@@ -452,13 +491,21 @@ mod tests {
         let mut b = Builder::new();
         let members = b.members(&[("pid", 99, 0), ("comm", 99, 4), ("cpu", 99, 20)]);
         b.record("task_struct", kind::STRUCT, 3, 24, &members);
-        assert!(TaskOffsets::from_btf(&b.finish()).unwrap_err().contains("out of range"));
+        assert!(
+            TaskOffsets::from_btf(&b.finish())
+                .unwrap_err()
+                .contains("out of range")
+        );
         // A wrong-sized field.
         let mut b = Builder::new();
         let long = b.int("long", 8);
         let members = b.members(&[("pid", long, 0)]);
         b.record("task_struct", kind::STRUCT, 1, 8, &members);
-        assert!(TaskOffsets::from_btf(&b.finish()).unwrap_err().contains("8 bytes, expected 4"));
+        assert!(
+            TaskOffsets::from_btf(&b.finish())
+                .unwrap_err()
+                .contains("8 bytes, expected 4")
+        );
     }
 
     #[test]
@@ -475,7 +522,10 @@ mod tests {
         }
         let offsets = TaskOffsets::from_kernel().unwrap();
         // Distinct, and inside any plausible task_struct.
-        assert!(offsets.pid != offsets.comm && offsets.comm != offsets.cpu, "{offsets:?}");
-        assert!(offsets.pid < 16384 && offsets.comm < 16384 && offsets.cpu < 16384, "{offsets:?}");
+        let all = [offsets.pid, offsets.comm, offsets.cpu, offsets.exec_start];
+        for (i, a) in all.iter().enumerate() {
+            assert!(*a < 16384, "{offsets:?}");
+            assert!(all[i + 1..].iter().all(|b| b != a), "{offsets:?}");
+        }
     }
 }

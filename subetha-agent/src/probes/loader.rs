@@ -9,14 +9,14 @@ use aya::programs::{BtfTracePoint, TracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use subetha_probes::{
     EVENTS_MAP, HITS_BY_PID_MAP, HITS_BY_TID_MAP, HITS_MAP, HOOK_COUNT, LOSSES_MAP, OFF_CPU_FILTER_MAP,
-    OFF_CPU_FILTERED_MAP, SCHED_CONFIG_MAP, SchedConfig, WATCHED_BITS_MAP, WATCHED_MAP, WatchedTask, global,
-    program, watched_bit,
+    OFF_CPU_FILTERED_MAP, SCHED_CONFIG_MAP, SchedConfig, WATCHED_ENTRIES, WATCHED_INDEX_MAP, WATCHED_MAP,
+    WATCHED_OVERFLOW_MAP, WatchedTask, global, index, program,
 };
 
 use super::btf::TaskOffsets;
 use super::events::{ProbeEvent, decode_event};
 use super::target::{HookObject, find_hook_object};
-use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, tracefs};
+use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, SchedPrograms, tracefs};
 
 /// At most this many records are decoded per [`Probes::drain_events`] call,
 /// so a flood cannot keep the caller in the loop forever.
@@ -60,6 +60,8 @@ struct Watched {
     role: Role,
     /// Its process, when `/proc` said.
     pid: u32,
+    /// Its slot in the kernel's watched-thread array.
+    slot: u32,
 }
 
 /// The loaded probes. Dropping it detaches and unloads everything.
@@ -75,6 +77,8 @@ pub struct Probes {
     tracepoints: Vec<ProbeStatus>,
     processes: HashMap<u32, ProcessProbes>,
     watched: HashMap<u32, Watched>,
+    /// Free slots of the kernel's watched-thread array (popped from the end).
+    free_slots: Vec<u32>,
     undecodable: u64,
 }
 
@@ -96,6 +100,11 @@ impl Probes {
     /// tracepoint that fails is reported by [`status`](Self::status) and
     /// the rest work.
     pub fn load() -> Result<Probes, ProbesError> {
+        Self::load_with(SchedPrograms::Auto)
+    }
+
+    /// [`load`](Self::load), choosing the scheduler programs.
+    pub fn load_with(sched: SchedPrograms) -> Result<Probes, ProbesError> {
         raise_memlock();
         // The BTF tracepoints read task_struct fields at these offsets; an
         // unset offset makes the verifier refuse them, and the classic
@@ -106,7 +115,8 @@ impl Probes {
             loader
                 .override_global(global::TASK_PID_OFFSET, &offsets.pid, true)
                 .override_global(global::TASK_COMM_OFFSET, &offsets.comm, true)
-                .override_global(global::TASK_CPU_OFFSET, &offsets.cpu, true);
+                .override_global(global::TASK_CPU_OFFSET, &offsets.cpu, true)
+                .override_global(global::TASK_EXEC_START_OFFSET, &offsets.exec_start, true);
         }
         let mut ebpf = loader
             .load(object())
@@ -141,16 +151,21 @@ impl Probes {
             tracepoints: Vec::new(),
             processes: HashMap::new(),
             watched: HashMap::new(),
+            free_slots: (0..WATCHED_ENTRIES).rev().collect(),
             undecodable: 0,
         };
-        probes.start_sched(offsets);
+        let offsets = match sched {
+            SchedPrograms::Auto => offsets,
+            SchedPrograms::Classic => Err("classic tracepoints asked for".to_string()),
+        };
+        probes.start_sched(offsets, sched);
         Ok(probes)
     }
 
     /// Attaches the sched programs, each on its own: the BTF tracepoint
     /// where the kernel has BTF and the offsets were found, else the
     /// classic one configured from tracefs.
-    fn start_sched(&mut self, offsets: Result<TaskOffsets, String>) {
+    fn start_sched(&mut self, offsets: Result<TaskOffsets, String>, sched: SchedPrograms) {
         let btf = offsets.and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
         let mut classic_config: Option<Result<(), String>> = None;
         for (btf_name, classic_name, category, event) in program::TRACEPOINTS {
@@ -166,7 +181,9 @@ impl Probes {
                     error: None,
                 },
                 Err(btf_error) => {
-                    tracing::warn!(program = btf_name, error = %btf_error, "BTF tracepoint unavailable; trying the classic one");
+                    if sched == SchedPrograms::Auto {
+                        tracing::warn!(program = btf_name, error = %btf_error, "BTF tracepoint unavailable; trying the classic one");
+                    }
                     let config = classic_config
                         .get_or_insert_with(|| {
                             tracefs::tracefs_root()
@@ -197,11 +214,13 @@ impl Probes {
     /// Sets which off-CPU intervals of watched threads become events:
     /// `None` reports every one (the default after loading).
     pub fn set_off_cpu_filter(&mut self, filter: Option<OffCpuFilter>) -> Result<(), ProbesError> {
-        let value = filter.map_or_else(subetha_probes::OffCpuFilter::default, |f| subetha_probes::OffCpuFilter {
-            enabled: 1,
-            cpu_change: u32::from(f.cpu_change),
-            min_wait_ns: f.min_runqueue_wait_ns,
-            min_sleep_ns: f.min_sleep_ns,
+        let value = filter.map_or_else(subetha_probes::OffCpuFilter::default, |f| {
+            subetha_probes::OffCpuFilter {
+                enabled: 1,
+                cpu_change: u32::from(f.cpu_change),
+                min_wait_ns: f.min_runqueue_wait_ns,
+                min_sleep_ns: f.min_sleep_ns,
+            }
         });
         let map_error = |error: String| ProbesError::Map {
             map: OFF_CPU_FILTER_MAP,
@@ -211,9 +230,11 @@ impl Probes {
             .ebpf
             .map_mut(OFF_CPU_FILTER_MAP)
             .ok_or_else(|| map_error("missing".into()))?;
-        let mut array =
-            Array::<_, Plain<subetha_probes::OffCpuFilter>>::try_from(map).map_err(|e| map_error(error_text(&e)))?;
-        array.set(0, Plain(value), 0).map_err(|e| map_error(error_text(&e)))
+        let mut array = Array::<_, Plain<subetha_probes::OffCpuFilter>>::try_from(map)
+            .map_err(|e| map_error(error_text(&e)))?;
+        array
+            .set(0, Plain(value), 0)
+            .map_err(|e| map_error(error_text(&e)))
     }
 
     /// Off-CPU intervals the filter kept out of the event stream, summed
@@ -359,53 +380,118 @@ impl Probes {
                 reason: "tid 0 (the idle task) cannot be watched".into(),
             });
         }
-        let map_error = |map: &'static str, error: String| ProbesError::Map { map, error };
+        // Re-watching starts from a clean slot.
+        self.unwatch(tid);
+        let slot = self.free_slots.pop().ok_or(ProbesError::Map {
+            map: WATCHED_MAP,
+            error: format!("all {WATCHED_ENTRIES} watched-thread slots in use"),
+        })?;
+        let pid = tgid_of(tid).unwrap_or(0);
         let entry = WatchedTask {
+            tid,
             role: role.code(),
+            pid,
             ..WatchedTask::default()
         };
-        let map = self
-            .ebpf
-            .map_mut(WATCHED_MAP)
-            .ok_or_else(|| map_error(WATCHED_MAP, "missing".into()))?;
-        BpfHashMap::<_, u32, Plain<WatchedTask>>::try_from(map)
-            .map_err(|e| map_error(WATCHED_MAP, error_text(&e)))?
-            .insert(tid, Plain(entry), 0)
-            .map_err(|e| map_error(WATCHED_MAP, error_text(&e)))?;
-        let pid = tgid_of(tid).unwrap_or(0);
-        self.watched.insert(tid, Watched { role, pid });
-        // The prefilter bit goes up after the entry exists, so the programs
-        // never see a set bit for a thread they cannot find.
-        self.sync_watched_bit(tid)
-            .map_err(|e| map_error(WATCHED_BITS_MAP, e))
+        // The slot is filled before the index points to it.
+        let published = self
+            .write_slot(slot, entry)
+            .map_err(|error| (WATCHED_MAP, error))
+            .and_then(|()| {
+                self.watched.insert(tid, Watched { role, pid, slot });
+                self.publish_residue(index::residue(tid))
+            });
+        if let Err((map, error)) = published {
+            self.watched.remove(&tid);
+            let _ = self.publish_residue(index::residue(tid));
+            let _ = self.write_slot(slot, WatchedTask::default());
+            self.free_slots.push(slot);
+            return Err(ProbesError::Map { map, error });
+        }
+        Ok(())
     }
 
     /// Stops watching thread `tid` (nothing happens if it was not).
     pub fn unwatch(&mut self, tid: u32) {
-        self.watched.remove(&tid);
-        if let Err(error) = self.sync_watched_bit(tid) {
-            tracing::debug!(tid, %error, "watched-thread prefilter not updated");
+        let Some(watched) = self.watched.remove(&tid) else {
+            return;
+        };
+        // Unpublished before the slot is cleared and reused.
+        if let Err((map, error)) = self.publish_residue(index::residue(tid)) {
+            tracing::debug!(tid, map, %error, "watched-thread index not updated");
         }
-        if let Some(map) = self.ebpf.map_mut(WATCHED_MAP)
-            && let Ok(mut watched) = BpfHashMap::<_, u32, Plain<WatchedTask>>::try_from(map)
+        if let Some(map) = self.ebpf.map_mut(WATCHED_OVERFLOW_MAP)
+            && let Ok(mut overflow) = BpfHashMap::<_, u32, u32>::try_from(map)
         {
-            let _ = watched.remove(&tid);
+            let _ = overflow.remove(&tid);
+        }
+        match self.write_slot(watched.slot, WatchedTask::default()) {
+            Ok(()) => self.free_slots.push(watched.slot),
+            // A slot that could not be cleared is not reused.
+            Err(error) => tracing::debug!(tid, %error, "watched-thread slot not cleared"),
         }
     }
 
-    /// Rewrites the prefilter word holding `tid`'s bit from the watched set
-    /// (other threads may share the bit).
-    fn sync_watched_bit(&mut self, tid: u32) -> Result<(), String> {
-        let (word, _) = watched_bit(tid);
-        let value = self
+    fn write_slot(&mut self, slot: u32, entry: WatchedTask) -> Result<(), String> {
+        let map = self.ebpf.map_mut(WATCHED_MAP).ok_or("missing")?;
+        let mut slots = Array::<_, Plain<WatchedTask>>::try_from(map).map_err(|e| error_text(&e))?;
+        slots.set(slot, Plain(entry), 0).map_err(|e| error_text(&e))
+    }
+
+    /// Makes the kernel's index entry for `residue` (and the overflow map
+    /// for it) say what [`watched`](Self::watched) says: nobody, one slot,
+    /// or several threads to look up by tid.
+    fn publish_residue(&mut self, residue: u32) -> Result<(), (&'static str, String)> {
+        let sharing: Vec<(u32, u32)> = self
             .watched
-            .keys()
-            .map(|&other| watched_bit(other))
-            .filter(|&(other_word, _)| other_word == word)
-            .fold(0u64, |bits, (_, bit)| bits | bit);
-        let map = self.ebpf.map_mut(WATCHED_BITS_MAP).ok_or("missing")?;
-        let mut array = Array::<_, u64>::try_from(map).map_err(|e| error_text(&e))?;
-        array.set(word, value, 0).map_err(|e| error_text(&e))
+            .iter()
+            .filter(|&(&tid, _)| index::residue(tid) == residue)
+            .map(|(&tid, w)| (tid, w.slot))
+            .collect();
+        if sharing.len() > 1 {
+            let map = self
+                .ebpf
+                .map_mut(WATCHED_OVERFLOW_MAP)
+                .ok_or((WATCHED_OVERFLOW_MAP, "missing".to_string()))?;
+            let mut overflow = BpfHashMap::<_, u32, u32>::try_from(map)
+                .map_err(|e| (WATCHED_OVERFLOW_MAP, error_text(&e)))?;
+            for &(tid, slot) in &sharing {
+                overflow
+                    .insert(tid, slot, 0)
+                    .map_err(|e| (WATCHED_OVERFLOW_MAP, error_text(&e)))?;
+            }
+        }
+        // The whole word: the entries of the residues beside this one.
+        let (word, _) = index::position(residue);
+        let mut value = 0u64;
+        for other in word * index::PER_WORD..(word + 1) * index::PER_WORD {
+            let mut tids = self
+                .watched
+                .iter()
+                .filter(|&(&tid, _)| index::residue(tid) == other);
+            let entry = match (tids.next(), tids.next()) {
+                (None, _) => index::NONE,
+                (Some((_, w)), None) => (w.slot + 1) as u16,
+                (Some(_), Some(_)) => index::OVERFLOW,
+            };
+            value |= u64::from(entry) << index::position(other).1;
+        }
+        let map = self
+            .ebpf
+            .map_mut(WATCHED_INDEX_MAP)
+            .ok_or((WATCHED_INDEX_MAP, "missing".to_string()))?;
+        let mut array = Array::<_, u64>::try_from(map).map_err(|e| (WATCHED_INDEX_MAP, error_text(&e)))?;
+        array
+            .set(word, value, 0)
+            .map_err(|e| (WATCHED_INDEX_MAP, error_text(&e)))?;
+        if sharing.len() == 1
+            && let Some(map) = self.ebpf.map_mut(WATCHED_OVERFLOW_MAP)
+            && let Ok(mut overflow) = BpfHashMap::<_, u32, u32>::try_from(map)
+        {
+            // Alone again: the index names its slot directly.
+            let _ = overflow.remove(&sharing[0].0);
+        }
+        Ok(())
     }
 
     /// The watched threads and their roles.

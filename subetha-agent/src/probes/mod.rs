@@ -92,6 +92,17 @@ impl Role {
     }
 }
 
+/// Which scheduler programs [`Probes::load_with`] attaches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchedPrograms {
+    /// The BTF tracepoints, each falling back to its classic tracepoint when
+    /// it cannot be loaded or attached (what [`Probes::load`] does).
+    #[default]
+    Auto,
+    /// Only the classic tracepoints (as on a kernel without BTF).
+    Classic,
+}
+
 /// Which off-CPU intervals of watched threads the kernel turns into events
 /// ([`Probes::set_off_cpu_filter`]); the others are only counted
 /// ([`Probes::off_cpu_filtered`]). An interval is reported when any
@@ -105,6 +116,23 @@ pub struct OffCpuFilter {
     /// Report every interval that ends on another CPU than it began on
     /// (where a producer runs matters to a storm's diagnosis).
     pub cpu_change: bool,
+}
+
+impl OffCpuFilter {
+    /// A runqueue wait long enough to explain part of a storm.
+    pub const SIGNIFICANT_WAIT_NS: u64 = 500_000;
+
+    /// What the agent asks for: waits of at least
+    /// [`SIGNIFICANT_WAIT_NS`](Self::SIGNIFICANT_WAIT_NS), sleeps beyond
+    /// twice its longest scan pause (a scanner's ordinary pauses are not
+    /// news), and every change of CPU.
+    pub const fn for_agent(max_scan_interval_ns: u64) -> OffCpuFilter {
+        OffCpuFilter {
+            min_runqueue_wait_ns: Self::SIGNIFICANT_WAIT_NS,
+            min_sleep_ns: max_scan_interval_ns.saturating_mul(2),
+            cpu_change: true,
+        }
+    }
 }
 
 /// One program load or one attachment, and how it went.

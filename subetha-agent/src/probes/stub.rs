@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use super::{HookHits, OffCpuFilter, ProbeEvent, ProbeStatus, ProbesError, Role};
+use super::{HookHits, OffCpuFilter, ProbeEvent, ProbeStatus, ProbesError, Role, SchedPrograms};
 
 const REASON: &str = if cfg!(feature = "probes") {
     "built with AYA_BUILD_SKIP=1"
@@ -22,6 +22,11 @@ pub struct Probes {
 impl Probes {
     /// Always [`ProbesError::NotBuiltIn`].
     pub fn load() -> Result<Probes, ProbesError> {
+        Err(ProbesError::NotBuiltIn(REASON))
+    }
+
+    /// Always [`ProbesError::NotBuiltIn`].
+    pub fn load_with(_sched: SchedPrograms) -> Result<Probes, ProbesError> {
         Err(ProbesError::NotBuiltIn(REASON))
     }
 

@@ -401,46 +401,59 @@ fn probes_scan_hooks_fire_once_per_scan() {
     probes.unwatch(tid);
 }
 
-#[test]
-fn probes_sleeping_thread_reports_one_off_cpu_interval() {
-    let _serial = serial();
-    let Some(mut probes) = load_or_skip("probes_sleeping_thread_reports_one_off_cpu_interval") else {
-        return;
-    };
+/// A real-time thread, watched as a producer, sleeps each of `sleeps` in
+/// turn; returns its tid and the off-CPU intervals the probes reported for
+/// it. With `collider`, a second (nonexistent) tid sharing its index entry is
+/// watched too, so the kernel must find it through the overflow map.
+fn watch_a_sleeper(probes: &mut Probes, sleeps: &[Duration], collider: bool) -> (u32, Vec<OffCpuInterval>) {
     assert!(probes.sched_active(), "{:#?}", probes.status());
     let (tid_tx, tid_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
+    let sleeps = sleeps.to_vec();
     let sleeper = std::thread::Builder::new()
         .name("subetha-sleepy".into())
         .spawn(move || {
             // Real-time, so that once woken it runs at once whatever else
-            // this machine is busy with: off CPU ≈ asleep ≈ 20 ms.
+            // this machine is busy with: off CPU ≈ asleep.
             tid_tx.send(set_fifo(10).map(|()| gettid())).unwrap();
             go_rx.recv().unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            for sleep in sleeps {
+                std::thread::sleep(sleep);
+            }
         })
         .unwrap();
     let tid = tid_rx
         .recv()
         .unwrap()
         .expect("SCHED_FIFO for the sleeping thread");
+    let shadow = tid + subetha_probes::WATCHED_INDEX_WORDS * subetha_probes::index::PER_WORD;
+    if collider {
+        probes.watch(shadow, Role::Producer).unwrap();
+    }
     probes.watch(tid, Role::Producer).unwrap();
     go_tx.send(()).unwrap();
     sleeper.join().unwrap();
-    let events = drain(&mut probes);
+    let events = drain(probes);
     probes.unwatch(tid);
-
-    let intervals: Vec<&OffCpuInterval> = events
-        .iter()
+    if collider {
+        probes.unwatch(shadow);
+    }
+    let intervals = events
+        .into_iter()
         .filter_map(|e| match e {
             ProbeEvent::OffCpu(interval) if interval.tid == tid => Some(interval),
             _ => None,
         })
         .collect();
+    (tid, intervals)
+}
+
+/// Checks the one ~20 ms sleep of [`watch_a_sleeper`] among `intervals`.
+fn check_the_sleep(intervals: &[OffCpuInterval]) {
     let longest = intervals
         .iter()
         .max_by_key(|i| i.off_cpu_ns())
-        .unwrap_or_else(|| panic!("no off-CPU interval for the sleeper: {events:#?}"));
+        .unwrap_or_else(|| panic!("no off-CPU interval for the sleeper"));
     eprintln!(
         "sleeper: off CPU {:.3} ms (asleep {:.3} ms, runqueue {:.3} ms), state {:#x}, cpu {} -> {}, \
          replaced by {} ({}), holder {} ({})",
@@ -469,6 +482,94 @@ fn probes_sleeping_thread_reports_one_off_cpu_interval() {
         "{longest:#?}"
     );
     assert!(longest.asleep_ns() >= 20 * MS);
+}
+
+#[test]
+fn probes_sleeping_thread_reports_one_off_cpu_interval() {
+    let _serial = serial();
+    let Some(mut probes) = load_or_skip("probes_sleeping_thread_reports_one_off_cpu_interval") else {
+        return;
+    };
+    // On these hosts the BTF tracepoints must be the ones attached.
+    if std::env::var("SUBETHA_REQUIRE_PROBES").is_ok_and(|v| v == "1") {
+        let status = probes.status();
+        let btf: Vec<_> = status.iter().filter(|s| s.target.ends_with("(tp_btf)")).collect();
+        assert_eq!(btf.len(), 4, "{status:#?}");
+    }
+    let (_, intervals) = watch_a_sleeper(&mut probes, &[Duration::from_millis(20)], false);
+    check_the_sleep(&intervals);
+}
+
+#[test]
+fn probes_classic_tracepoints_report_the_sleep_too() {
+    let _serial = serial();
+    let Some(mut probes) = load_or_skip("probes_classic_tracepoints_report_the_sleep_too") else {
+        return;
+    };
+    drop(probes);
+    probes = Probes::load_with(SchedPrograms::Classic).expect("the probes loaded once already");
+    let status = probes.status();
+    for (_, classic, category, event) in subetha_probes::program::TRACEPOINTS {
+        assert!(
+            status
+                .iter()
+                .any(|s| s.program == classic && s.target == format!("{category}/{event}") && s.attached),
+            "{classic} not attached: {status:#?}"
+        );
+    }
+    let (_, intervals) = watch_a_sleeper(&mut probes, &[Duration::from_millis(20)], false);
+    check_the_sleep(&intervals);
+}
+
+#[test]
+fn probes_find_threads_that_share_an_index_entry() {
+    let _serial = serial();
+    let Some(mut probes) = load_or_skip("probes_find_threads_that_share_an_index_entry") else {
+        return;
+    };
+    let (_, intervals) = watch_a_sleeper(&mut probes, &[Duration::from_millis(20)], true);
+    check_the_sleep(&intervals);
+    // Both gone: the slots are free again and a fresh watch works.
+    assert!(probes.watched().is_empty());
+    let (_, intervals) = watch_a_sleeper(&mut probes, &[Duration::from_millis(20)], false);
+    check_the_sleep(&intervals);
+}
+
+#[test]
+fn probes_filter_keeps_short_intervals_in_the_kernel() {
+    let _serial = serial();
+    let Some(mut probes) = load_or_skip("probes_filter_keeps_short_intervals_in_the_kernel") else {
+        return;
+    };
+    probes
+        .set_off_cpu_filter(Some(OffCpuFilter {
+            min_runqueue_wait_ns: 1_000 * MS,
+            min_sleep_ns: 10 * MS,
+            cpu_change: false,
+        }))
+        .unwrap();
+    let filtered_before = probes.off_cpu_filtered();
+    let short = Duration::from_millis(1);
+    let (_, intervals) = watch_a_sleeper(
+        &mut probes,
+        &[short, short, short, Duration::from_millis(20)],
+        false,
+    );
+    assert_eq!(intervals.len(), 1, "only the long sleep passes: {intervals:#?}");
+    check_the_sleep(&intervals);
+    let filtered = probes.off_cpu_filtered() - filtered_before;
+    assert!(
+        filtered >= 3,
+        "the three short sleeps were counted as filtered: {filtered}"
+    );
+    // Back to every interval.
+    probes.set_off_cpu_filter(None).unwrap();
+    let (_, intervals) = watch_a_sleeper(
+        &mut probes,
+        &[short, short, short, Duration::from_millis(20)],
+        false,
+    );
+    assert!(intervals.len() >= 4, "{intervals:#?}");
 }
 
 /// The CPUs this process may run on.

@@ -15,7 +15,11 @@ pub fn up_drop_begin(ctx: ProbeContext) -> u32 {
     let ring: u64 = ctx.arg(0).unwrap_or(0);
     let instance_id: u32 = ctx.arg(1).unwrap_or(0);
     let dropped_total: u64 = ctx.arg(2).unwrap_or(0);
-    on_hook(&ctx, hook::DROP_BEGIN, [ring, u64::from(instance_id), dropped_total]);
+    on_hook(
+        &ctx,
+        hook::DROP_BEGIN,
+        [ring, u64::from(instance_id), dropped_total],
+    );
     0
 }
 

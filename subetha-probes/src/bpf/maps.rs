@@ -16,7 +16,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use subetha_probes::{
     BPF_RB_NO_WAKEUP, CpuRun, EVENTS_BYTES, HITS_BY_TASK_ENTRIES, HOOK_COUNT, OffCpuFilter, SchedConfig,
-    WATCHED_BITS_WORDS, WATCHED_ENTRIES, WatchedTask, watched_bit,
+    WATCHED_ENTRIES, WATCHED_INDEX_WORDS, WatchedTask, index,
 };
 
 /// Every event, drained by user space on a timer (no wakeups).
@@ -41,14 +41,18 @@ pub static HITS_BY_TID: LruPerCpuHashMap<[u32; 2], u64> =
 #[map]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Watched threads: tid -> role and off-CPU state. User space inserts and
-/// removes entries; the programs only update values in place.
+/// Watched threads' slots (see `subetha_probes::WATCHED_MAP`).
 #[map]
-pub static WATCHED: HashMap<u32, WatchedTask> = HashMap::with_max_entries(WATCHED_ENTRIES, 0);
+pub static WATCHED: Array<WatchedTask> = Array::with_max_entries(WATCHED_ENTRIES, 0);
 
-/// Prefilter of [`WATCHED`] (see `subetha_probes::WATCHED_BITS_MAP`).
+/// Residue -> slot index of [`WATCHED`] (see
+/// `subetha_probes::WATCHED_INDEX_MAP`).
 #[map]
-pub static WATCHED_BITS: Array<u64> = Array::with_max_entries(WATCHED_BITS_WORDS, 0);
+pub static WATCHED_INDEX: Array<u64> = Array::with_max_entries(WATCHED_INDEX_WORDS, 0);
+
+/// tid -> slot, for residues several watched threads share.
+#[map]
+pub static WATCHED_OVERFLOW: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_ENTRIES, 0);
 
 /// Which off-CPU intervals become events; written by user space.
 #[map]
@@ -131,23 +135,33 @@ pub fn emit<C: EbpfContext, T>(ctx: &C, event: &T) {
     }
 }
 
-/// The entry of a watched thread, or `None`: first the prefilter bit (an
-/// inlined array load), then the hash lookup.
+/// The slot of a watched thread, or `None`: one inlined array load for an
+/// unwatched thread (nearly every call), two for a watched one, and a hash
+/// lookup only when its residue is shared.
 ///
-/// The pointer is to a live element's value, valid for the program's run.
-/// Its state is written only by the scheduler events of that one thread,
-/// which the scheduler serialises (a task is switched in only after its
-/// switch-out completed, and woken only while it is off CPU).
+/// The pointer is to a slot of an array map, valid for the program's run.
+/// Its state is written only by the scheduler events of the one thread whose
+/// tid it holds, which the scheduler serialises (a task is switched in only
+/// after its switch-out completed, and woken only while it is off CPU).
 #[inline(always)]
 pub fn watched(tid: u32) -> Option<*mut WatchedTask> {
     if tid == 0 {
         // The idle task is never watched (and has one "tid 0" per CPU).
         return None;
     }
-    let (word, bit) = watched_bit(tid);
-    let bits = WATCHED_BITS.get(word)?;
-    if bits & bit == 0 {
-        return None;
-    }
-    WATCHED.get_ptr_mut(tid)
+    let (word, shift) = index::position(index::residue(tid));
+    let entry = (*WATCHED_INDEX.get(word)? >> shift) as u16;
+    let slot = match entry {
+        index::NONE => return None,
+        index::OVERFLOW => *WATCHED_OVERFLOW.get_ptr(tid).map(|slot| {
+            // SAFETY: a pointer to a live element's value, valid for the
+            // program's run; a u32 read cannot tear.
+            unsafe { &*slot }
+        })?,
+        slot => u32::from(slot) - 1,
+    };
+    let task = WATCHED.get_ptr_mut(slot)?;
+    // SAFETY: a slot of an array map, valid for the program's run. User
+    // space writes a slot's tid only while no index entry points to it.
+    (unsafe { (*task).tid } == tid).then_some(task)
 }

@@ -36,7 +36,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -44,7 +44,9 @@ use subetha_probes::{
     COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState, WatchedTask, kind,
 };
 
-use super::maps::{CPU_RUN, OFF_CPU_FILTER, OFF_CPU_FILTERED, SCHED_CONFIG, bump, cpu, emit, now_ns, watched};
+use super::maps::{
+    CPU_RUN, OFF_CPU_FILTER, OFF_CPU_FILTERED, SCHED_CONFIG, bump, cpu, emit, now_ns, watched,
+};
 
 // ------------------------------------------------------------ BTF tracepoints
 
@@ -59,6 +61,9 @@ static SUBETHA_TASK_COMM_OFFSET: u32 = u32::MAX;
 /// Offset of `task_struct.cpu` (see [`SUBETHA_TASK_PID_OFFSET`]).
 #[unsafe(no_mangle)]
 static SUBETHA_TASK_CPU_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.se.exec_start` (see [`SUBETHA_TASK_PID_OFFSET`]).
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_EXEC_START_OFFSET: u32 = u32::MAX;
 
 /// A `u32` field of a task, read directly through the BTF-typed pointer.
 #[inline(always)]
@@ -73,14 +78,33 @@ fn task_u32(task: *const u8, offset: &'static u32) -> u32 {
     unsafe { core::ptr::read(task.add(offset as usize).cast::<u32>()) }
 }
 
-/// A task's `comm`.
+/// A task's `se.exec_start`.
+#[inline(always)]
+fn task_exec_start(task: *const u8) -> u64 {
+    // SAFETY: as in `task_u32`, for the 8-byte `se.exec_start`.
+    let offset = unsafe { core::ptr::read_volatile(&SUBETHA_TASK_EXEC_START_OFFSET) };
+    // SAFETY: as in `task_u32`.
+    unsafe { core::ptr::read(task.add(offset as usize).cast::<u64>()) }
+}
+
+/// A task's `comm`, as two direct 8-byte loads (cheaper than a helper
+/// call; the verifier allows loads anywhere inside the `char[16]` member).
 #[inline(always)]
 fn task_comm(task: *const u8) -> [u8; COMM_LEN] {
     // SAFETY: as in `task_u32`.
     let offset = unsafe { core::ptr::read_volatile(&SUBETHA_TASK_COMM_OFFSET) };
-    // SAFETY: bpf_probe_read_kernel of 16 bytes of a live task_struct; the
-    // helper fails safely (returns an error) on a bad address.
-    unsafe { bpf_probe_read_kernel(task.add(offset as usize).cast::<[u8; COMM_LEN]>()) }.unwrap_or([0; COMM_LEN])
+    // SAFETY: as in `task_u32`, for the two halves of `comm`.
+    let (low, high) = unsafe {
+        let comm = task.add(offset as usize);
+        (
+            core::ptr::read_unaligned(comm.cast::<u64>()),
+            core::ptr::read_unaligned(comm.add(8).cast::<u64>()),
+        )
+    };
+    let mut out = [0; COMM_LEN];
+    out[..8].copy_from_slice(&low.to_ne_bytes());
+    out[8..].copy_from_slice(&high.to_ne_bytes());
+    out
 }
 
 /// The running task's `comm` (at `sched_switch`, `prev`'s).
@@ -106,7 +130,11 @@ fn reported_state(preempt: bool, prev_state: u32) -> u64 {
         TASK_RTLOCK_WAIT => 2,
         state => {
             let state = state & TASK_REPORT;
-            if state == 0 { 0 } else { 1u64 << (31 - state.leading_zeros()) }
+            if state == 0 {
+                0
+            } else {
+                1u64 << (31 - state.leading_zeros())
+            }
         }
     }
 }
@@ -119,10 +147,15 @@ pub fn bt_sched_switch(ctx: BtfTracePointContext) -> u32 {
     let prev: *const u8 = ctx.arg(1);
     let next: *const u8 = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
+    let next_pid = task_u32(next, &SUBETHA_TASK_PID_OFFSET);
     let switch = Switch {
         prev: task_u32(prev, &SUBETHA_TASK_PID_OFFSET),
-        next: task_u32(next, &SUBETHA_TASK_PID_OFFSET),
+        next: next_pid,
         out_state: reported_state(preempt & 1 == 1, prev_state as u32),
+        // The runqueue's task clock now: `next` was just picked (its
+        // exec_start set), except the idle task, which keeps none; then
+        // `prev`, which was just accounted. Saves a clock read per switch.
+        run_clock: task_exec_start(if next_pid != 0 { next } else { prev }),
     };
     on_switch(&ctx, &switch, current_comm, || task_comm(next));
     0
@@ -152,7 +185,12 @@ pub fn bt_migrate_task(ctx: BtfTracePointContext) -> u32 {
     let dest_cpu: u64 = ctx.arg(1);
     let tid = task_u32(task, &SUBETHA_TASK_PID_OFFSET);
     if watched(tid).is_some() {
-        migrated(&ctx, tid, task_u32(task, &SUBETHA_TASK_CPU_OFFSET), dest_cpu as u32);
+        migrated(
+            &ctx,
+            tid,
+            task_u32(task, &SUBETHA_TASK_CPU_OFFSET),
+            dest_cpu as u32,
+        );
     }
     0
 }
@@ -175,6 +213,7 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
         prev,
         next,
         out_state: read_state(&ctx, config),
+        run_clock: now_ns(),
     };
     on_switch(
         &ctx,
@@ -263,12 +302,18 @@ fn read_state(ctx: &TracePointContext, config: &SchedConfig) -> u64 {
 
 // ------------------------------------------------------------ shared logic
 
+/// Longer than any stretch one task holds a CPU without a switch (an hour):
+/// a larger difference of run clocks is a clock that went backwards.
+const MAX_STRETCH: u64 = 3_600_000_000_000;
+
 /// What a `sched_switch` says, however it was read.
 struct Switch {
     prev: u32,
     next: u32,
     /// `prev`'s reported state: 0 when it left runnable (preempted).
     out_state: u64,
+    /// This CPU's run clock (see `CpuRun::since`).
+    run_clock: u64,
 }
 
 /// One `sched_switch`: the CPU's run stretch, then a watched `prev`
@@ -281,46 +326,61 @@ fn on_switch<C: EbpfContext>(
     prev_comm: impl Fn() -> [u8; COMM_LEN],
     next_comm: impl Fn() -> [u8; COMM_LEN],
 ) {
-    let &Switch { prev, next, out_state } = switch;
-    let now = now_ns();
+    let &Switch {
+        prev,
+        next,
+        out_state,
+        run_clock,
+    } = switch;
     let run = CPU_RUN.get_ptr_mut(0);
     if let Some(run) = run {
         // SAFETY: this CPU's value of the single-slot per-CPU array, valid
         // for the program's run; only this CPU writes it, with preemption
         // disabled in the tracepoint.
         unsafe {
-            let ran = now.saturating_sub((*run).since_ns);
-            let longest = (*run).longest_end_ns.saturating_sub((*run).longest_begin_ns);
-            if (*run).since_ns != 0 && prev != 0 && ran > longest {
-                (*run).longest_begin_ns = (*run).since_ns;
-                (*run).longest_end_ns = now;
+            let ran = run_clock.wrapping_sub((*run).since);
+            // A clock that went backwards (the idle task's stale clock, a
+            // program switch) gives a huge `ran`: not a stretch.
+            if (*run).since != 0 && prev != 0 && ran > (*run).longest && ran < MAX_STRETCH {
+                (*run).longest = ran;
                 (*run).longest_pid = prev;
                 (*run).longest_comm = prev_comm();
             }
-            (*run).since_ns = now;
+            (*run).since = run_clock;
         }
     }
-    if let Some(entry) = watched(prev) {
+    let prev_entry = watched(prev);
+    let next_entry = watched(next);
+    if prev_entry.is_none() && next_entry.is_none() {
+        return;
+    }
+    let now = now_ns();
+    if let Some(entry) = prev_entry {
         switched_out(entry, prev, next, out_state, now, next_comm);
         if let Some(run) = run {
             // SAFETY: as above. Start a new window: who holds the CPU from
             // now on is what this thread will want to know.
             unsafe {
-                (*run).longest_begin_ns = 0;
-                (*run).longest_end_ns = 0;
+                (*run).longest = 0;
                 (*run).longest_pid = 0;
             }
         }
     }
-    if let Some(entry) = watched(next) {
+    if let Some(entry) = next_entry {
         let holder = run.and_then(|run| {
             // SAFETY: as above.
-            let run = unsafe { *run };
+            let (pid, comm) = unsafe { ((*run).longest_pid, (*run).longest_comm) };
             // Never name the thread itself (its own stretch before it left
             // this CPU, if its departure was not seen here).
-            (run.longest_pid != 0 && run.longest_pid != next).then_some((run.longest_pid, run.longest_comm))
+            (pid != 0 && pid != next).then_some((pid, comm))
         });
-        switched_in(ctx, entry, next, now, holder.unwrap_or_else(|| (prev, prev_comm())));
+        switched_in(
+            ctx,
+            entry,
+            next,
+            now,
+            holder.unwrap_or_else(|| (prev, prev_comm())),
+        );
     }
 }
 
@@ -334,13 +394,16 @@ fn switched_out(
     now: u64,
     next_comm: impl Fn() -> [u8; COMM_LEN],
 ) {
-    // At sched_switch `current` is still `prev`.
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = if pid_tgid as u32 == prev {
-        (pid_tgid >> 32) as u32
-    } else {
-        0
-    };
+    // SAFETY: `entry` comes from `watched` (see there).
+    let mut pid = unsafe { (*entry).pid };
+    if pid == 0 {
+        // User space did not know the process; at sched_switch `current`
+        // is still `prev`.
+        let pid_tgid = bpf_get_current_pid_tgid();
+        if pid_tgid as u32 == prev {
+            pid = (pid_tgid >> 32) as u32;
+        }
+    }
     let state = TaskState {
         out_ts: now,
         wakeup_ts: 0,
@@ -359,7 +422,13 @@ fn switched_out(
 /// A watched `next` gets the CPU back: one event for the whole interval,
 /// unless the filter drops it. `holder` is who held the CPU meanwhile.
 #[inline(always)]
-fn switched_in<C: EbpfContext>(ctx: &C, entry: *mut WatchedTask, next: u32, now: u64, holder: (u32, [u8; COMM_LEN])) {
+fn switched_in<C: EbpfContext>(
+    ctx: &C,
+    entry: *mut WatchedTask,
+    next: u32,
+    now: u64,
+    holder: (u32, [u8; COMM_LEN]),
+) {
     // SAFETY: as in `switched_out`.
     let (role, state) = unsafe { ((*entry).role, (*entry).state) };
     // SAFETY: as above.
