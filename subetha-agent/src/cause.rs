@@ -81,6 +81,15 @@ pub struct SchedSample {
     pub involuntary_switches: u64,
 }
 
+/// What the scanner's schedstat says about a storm's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SchedDelta {
+    /// Run-queue delay beyond the scanner's usual, ns.
+    excess_delay_ns: u64,
+    /// Involuntary switches (preemptions).
+    involuntary: u64,
+}
+
 /// Everything known around a storm.
 #[derive(Clone, Debug, Default)]
 pub struct Facts<'a> {
@@ -114,6 +123,8 @@ pub struct Facts<'a> {
 const EXPLAINS: f64 = 0.5;
 /// Least run delay (from /proc, without probes) taken as a preemption.
 const SIGNIFICANT_DELAY_NS: u64 = 500_000;
+/// A gap this many times the scanner's longest pause is overdue.
+const OVERDUE: f64 = 1.5;
 
 /// The verdict for `storm`.
 pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
@@ -253,12 +264,19 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
     let confidence = if facts.probes { "high" } else { "low" };
     if !facts.probes
-        && let Some((delay, involuntary)) = sched_delta(facts.sched_samples, window)
+        // A gap within the scanner's own pause (and its usual overrun)
+        // was not made longer by a wait, whatever the coarse samples around
+        // it add up to.
+        && gap as f64 >= OVERDUE * facts.max_interval_ns as f64
+        && let Some(SchedDelta {
+            excess_delay_ns: delay,
+            involuntary,
+        }) = sched_delta(facts.sched_samples, window)
         && delay >= SIGNIFICANT_DELAY_NS
         && delay as f64 >= EXPLAINS * gap as f64
     {
         evidence.push(format!(
-            "scanner waited {} on a runqueue with {involuntary} involuntary context switches (/proc schedstat)",
+            "scanner waited {} on a runqueue beyond its usual, with {involuntary} involuntary context switches (/proc schedstat)",
             ms(delay)
         ));
         return Cause {
@@ -401,17 +419,42 @@ fn fill_time_ns(capacity: u64, rate: Option<f64>) -> Option<u64> {
         .map(|r| (capacity as f64 * 1e9 / r) as u64)
 }
 
-/// Run-queue delay and involuntary switches accumulated over `window`, from
-/// the samples bracketing it.
-fn sched_delta(samples: &[SchedSample], window: (u64, u64)) -> Option<(u64, u64)> {
-    let before = samples.iter().rev().find(|s| s.at_ns <= window.0)?;
+/// Sample intervals before a storm from which the scanner's usual run-queue
+/// delay is learnt.
+const BASELINE_SAMPLES: usize = 32;
+
+/// Run-queue delay beyond the scanner's usual, and involuntary switches,
+/// accumulated over `window`, from the samples bracketing it.
+///
+/// The samples are coarse (one per 10 ms) next to a storm's gap (often a
+/// millisecond), and a scanner on a busy host waits a little at most
+/// wakeups. So the delay the bracket would hold anyway, at the median rate
+/// of the sample intervals before it, is subtracted: what remains is delay
+/// that came with the storm.
+fn sched_delta(samples: &[SchedSample], window: (u64, u64)) -> Option<SchedDelta> {
+    let before_index = samples.iter().rposition(|s| s.at_ns <= window.0)?;
+    let before = samples[before_index];
     let after = samples.iter().find(|s| s.at_ns >= window.1)?;
-    Some((
-        after.run_delay_ns.saturating_sub(before.run_delay_ns),
-        after
+    let mut rates: Vec<f64> = samples[before_index.saturating_sub(BASELINE_SAMPLES)..=before_index]
+        .windows(2)
+        .filter(|pair| pair[1].at_ns > pair[0].at_ns)
+        .map(|pair| {
+            pair[1].run_delay_ns.saturating_sub(pair[0].run_delay_ns) as f64
+                / (pair[1].at_ns - pair[0].at_ns) as f64
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    let usual_rate = rates.get(rates.len() / 2).copied().unwrap_or(0.0);
+    let usual = (usual_rate * after.at_ns.saturating_sub(before.at_ns) as f64) as u64;
+    Some(SchedDelta {
+        excess_delay_ns: after
+            .run_delay_ns
+            .saturating_sub(before.run_delay_ns)
+            .saturating_sub(usual),
+        involuntary: after
             .involuntary_switches
             .saturating_sub(before.involuntary_switches),
-    ))
+    })
 }
 
 /// Samples the *calling* thread's scheduler counters cheaply: the run delay
@@ -623,6 +666,57 @@ mod tests {
             .collect();
         let cause = diagnose(&s, &facts(&[], &scans));
         assert_eq!(cause.kind, "producer_burst");
+    }
+
+    #[test]
+    fn without_probes_a_scanners_usual_runqueue_delay_is_not_a_preemption() {
+        // A busy host: the scanner waits 0.7 ms in every 10 ms sample. A
+        // burst storm whose 10 ms bracket holds just that is a producer
+        // burst, not a preemption (without the baseline it would read as
+        // 0.7 ms of preemption).
+        let s = storm(1000 * MS, 1001 * MS, 60_000, (1000 * MS, 1000 * MS + 100_000));
+        let samples: Vec<SchedSample> = (0..40u64)
+            .map(|i| SchedSample {
+                at_ns: 800 * MS + i * 10 * MS,
+                run_delay_ns: i * 700_000,
+                involuntary_switches: 0,
+            })
+            .collect();
+        let scans: Vec<(u64, u64)> = (0..20)
+            .map(|i| (999 * MS + i * 110_000, 999 * MS + i * 110_000 + 10_000))
+            .collect();
+        let f = Facts {
+            probes: false,
+            sched_samples: &samples,
+            ..facts(&[], &scans)
+        };
+        assert_eq!(diagnose(&s, &f).kind, "producer_burst");
+    }
+
+    #[test]
+    fn without_probes_a_gap_on_schedule_is_not_a_preemption() {
+        // 1.5 ms more run delay than usual around a storm whose gap is the
+        // scanner's own 1 ms pause: the wait went elsewhere in the coarse
+        // bracket. The same delay around a 2 ms gap (pause 1 ms) explains it.
+        let sample = |at_ns, run_delay_ns| SchedSample {
+            at_ns,
+            run_delay_ns,
+            involuntary_switches: 0,
+        };
+        let samples = [
+            sample(990 * MS, 0),
+            sample(1000 * MS, 0),
+            sample(1010 * MS, 1_500_000),
+        ];
+        let on_schedule = storm(1000 * MS, 1001 * MS, 60_000, (1000 * MS, 1000 * MS + 1_050_000));
+        let late = storm(1000 * MS, 1002 * MS, 60_000, (1000 * MS, 1000 * MS + 2 * MS));
+        let f = Facts {
+            probes: false,
+            sched_samples: &samples,
+            ..facts(&[], &[])
+        };
+        assert_ne!(diagnose(&on_schedule, &f).kind, "scanner_preempted");
+        assert_eq!(diagnose(&late, &f).kind, "scanner_preempted");
     }
 
     #[test]

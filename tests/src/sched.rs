@@ -29,16 +29,39 @@ pub fn pin_to(cpu: usize) {
 
 /// Makes the calling thread SCHED_FIFO at `priority`.
 pub fn set_fifo(priority: i32) -> Result<(), String> {
+    set_thread_fifo(0, priority)
+}
+
+/// Makes thread `tid` (0: the calling thread) SCHED_FIFO at `priority`.
+pub fn set_thread_fifo(tid: u32, priority: i32) -> Result<(), String> {
     let param = libc::sched_param {
         sched_priority: priority,
     };
-    // SAFETY: `param` is valid for the call; 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    // SAFETY: `param` is valid for the call; a tid that does not exist is
+    // an ESRCH error, not undefined behaviour.
+    let rc = unsafe { libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_FIFO, &param) };
     if rc == 0 {
         Ok(())
     } else {
-        Err(std::io::Error::last_os_error().to_string())
+        Err(format!(
+            "sched_setscheduler({tid}): {}",
+            std::io::Error::last_os_error()
+        ))
     }
+}
+
+/// The threads of process `pid` named `name` (their `comm`).
+pub fn threads_named(pid: u32, name: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            (comm.trim_end() == name).then(|| task.file_name().to_str()?.parse().ok())?
+        })
+        .collect()
 }
 
 /// Pins the calling thread to one CPU and restores its affinity on drop.

@@ -19,8 +19,9 @@
 //!   still `scanner_preempted`, inferred from the scanner's `/proc`
 //!   schedstat with `low` confidence and no culprit;
 //! * **burst**: the producer pushes 200,000 observations back to back while
-//!   nothing hinders the scanner: every storm is a `producer_burst`, with
-//!   probes (`high`) and without (`low`).
+//!   nothing hinders the scanner (see below), which scans every millisecond:
+//!   every storm is a `producer_burst`, with probes (`high`) and without
+//!   (`low`).
 //!
 //! Every test checks the books against the producer's own ground truth:
 //! `drained + dropped + lost_no_ring == attempted`, each term exact, and
@@ -28,10 +29,10 @@
 //! the flood's storms have settled (2 s after they end); the log shows
 //! every storm, and any verdict that changed before settling.
 //!
-//! Known bugs keep three of the four ignored (run them with `--ignored`):
-//! the hog's off-CPU interval is evicted from the agent's bounded history
-//! before the cause settles, and the burst rules mislabel bursts (see the
-//! `ignore` reasons).
+//! In the burst tests the agent's scan thread runs `SCHED_FIFO` (priority
+//! 20, below the hog's 50), so that it is unhindered whatever else loads
+//! the host: otherwise the scanner really does wait on a runqueue now and
+//! then, and `scanner_preempted` would be the right verdict.
 //!
 //! The probe tests need root and the probes; they are never skipped when
 //! the test runs as root or `SUBETHA_REQUIRE_PROBES=1` (CI): a probe that
@@ -62,7 +63,7 @@ use subetha_agent::{AgentConfig, AgentHandle, AgentSnapshot, ProbeMode};
 use subetha_tests::agent::{
     AgentProcess, ScratchDir, Truth, agent_exe, assert_conserved, process, storms_of,
 };
-use subetha_tests::sched::{AffinityGuard, HogRun, allowed_cpus, run_hog};
+use subetha_tests::sched::{AffinityGuard, HogRun, allowed_cpus, run_hog, set_thread_fifo, threads_named};
 use subetha_tests::{TIMEOUT, getuid};
 
 const FLOOD: &str = env!("CARGO_BIN_EXE_subetha-flood");
@@ -280,8 +281,8 @@ enum AgentUnderTest {
 
 impl AgentUnderTest {
     /// An agent draining only `pid`, its scanner pinned to CPU 1 and
-    /// scanning every 100 µs.
-    fn start(test: &str, pid: u32, probes: ProbeMode) -> Self {
+    /// scanning every `scan_interval`.
+    fn start(test: &str, pid: u32, probes: ProbeMode, scan_interval: Duration) -> Self {
         let binary = match std::env::var("SUBETHA_PROBES_TEST_AGENT").as_deref() {
             Ok("binary") => true,
             Ok("library") => false,
@@ -292,13 +293,13 @@ impl AgentUnderTest {
                 "{test}: running the subetha-agent binary (library probes built in: {})",
                 subetha_agent::probes::BUILT_IN
             );
-            Self::start_binary(test, pid, probes)
+            Self::start_binary(test, pid, probes, scan_interval)
         } else {
             let config = AgentConfig {
                 pids: Some(vec![pid]),
                 discovery_interval: DISCOVERY_INTERVAL,
-                min_scan_interval: Duration::from_micros(100),
-                max_scan_interval: Duration::from_micros(100),
+                min_scan_interval: scan_interval,
+                max_scan_interval: scan_interval,
                 publish_interval: Duration::from_millis(20),
                 scanner_cpu: Some(SCANNER_CPU),
                 probes,
@@ -311,7 +312,16 @@ impl AgentUnderTest {
         }
     }
 
-    fn start_binary(test: &str, pid: u32, probes: ProbeMode) -> Self {
+    /// The process the agent runs in.
+    fn pid(&self) -> u32 {
+        match self {
+            Self::Library(_) => std::process::id(),
+            Self::Binary(process, _) => process.pid(),
+        }
+    }
+
+    fn start_binary(test: &str, pid: u32, probes: ProbeMode, scan_interval: Duration) -> Self {
+        let interval = format!("{}us", scan_interval.as_micros());
         let scratch = ScratchDir::new(test);
         let pid = pid.to_string();
         let cpu = SCANNER_CPU.to_string();
@@ -327,9 +337,9 @@ impl AgentUnderTest {
             "--discovery-interval",
             "1s",
             "--min-scan-interval",
-            "100us",
+            &interval,
             "--max-scan-interval",
-            "100us",
+            &interval,
             "--scanner-cpu",
             cpu.as_str(),
             "--probes",
@@ -442,13 +452,36 @@ struct Staged {
 /// with the hog after 300 ms; waits for the flood's exit and for every
 /// storm of its process to have a settled cause; checks conservation.
 fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> Staged {
+    stage_with(test, probes, flood_args, with_hog, false)
+}
+
+/// [`stage`]; with `unhindered_scanner` the agent's scan thread is made
+/// `SCHED_FIFO` (priority 20) once it runs, so that nothing on this host
+/// but higher real-time work can keep it off its CPU: the "unhindered
+/// scanner" of the burst tests, whatever else loads the machine.
+fn stage_with(
+    test: &str,
+    probes: ProbeMode,
+    flood_args: &[&str],
+    with_hog: bool,
+    unhindered_scanner: bool,
+) -> Staged {
     require_two_cpus(test);
     // The test thread (flood control, snapshots, the hog's start and join)
     // stays on CPU 0.
     let _affinity = AffinityGuard::pin_current(PRODUCER_CPU);
     let mut flood = Flood::spawn(flood_args);
     let pid = flood.pid;
-    let agent = AgentUnderTest::start(test, pid, probes);
+    // The burst tests scan every millisecond: a burst of at least 4.1 M
+    // observations a second (a debug build's flood manages 14–18 M) then
+    // overruns the ring between two scans, however fast the unhindered
+    // scanner drains.
+    let scan_interval = if unhindered_scanner {
+        Duration::from_millis(1)
+    } else {
+        Duration::from_micros(100)
+    };
+    let agent = AgentUnderTest::start(test, pid, probes, scan_interval);
     agent.wait(TIMEOUT, "the agent to attach the flood", |s| {
         process(s, pid).filter(|p| p.state == "attached").map(|_| ())
     });
@@ -460,6 +493,16 @@ fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> 
             snapshot.agent.probes,
             agent.log()
         );
+    }
+    if unhindered_scanner {
+        let scanners = threads_named(agent.pid(), "subetha-scan");
+        assert_eq!(
+            scanners.len(),
+            1,
+            "{test}: one scan thread in pid {}: {scanners:?}",
+            agent.pid()
+        );
+        set_thread_fifo(scanners[0], 20).unwrap_or_else(|e| panic!("{test}: {e}"));
     }
     let began = flood.go();
     let hog = with_hog.then(|| {
@@ -727,26 +770,26 @@ fn check_burst(test: &str, staged: &Staged, confidence: &str) {
 }
 
 #[test]
-#[ignore = "timing-sensitive: passes on a quiet host (run with --ignored), but when other work loads \
-            the host the scanner really waits on a runqueue and the verdict is, correctly, scanner_preempted; \
-            the burst rules are unit-tested in subetha-agent's cause.rs"]
 fn probes_burst_with_an_unhindered_scanner_is_a_producer_burst() {
     const TEST: &str = "probes_burst_with_an_unhindered_scanner_is_a_producer_burst";
     let _serial = serial();
     if !probes_possible(TEST) {
         return;
     }
-    let staged = stage(TEST, ProbeMode::On, &burst_flood_args(), false);
+    if !fifo_possible(TEST) {
+        return;
+    }
+    let staged = stage_with(TEST, ProbeMode::On, &burst_flood_args(), false, true);
     check_burst(TEST, &staged, "high");
 }
 
 #[test]
-#[ignore = "timing-sensitive: passes on a quiet host (run with --ignored), but when other work loads \
-            the host the scanner really waits on a runqueue and the verdict is, correctly, scanner_preempted; \
-            the burst rules are unit-tested in subetha-agent's cause.rs"]
 fn probes_off_burst_is_still_a_producer_burst() {
     const TEST: &str = "probes_off_burst_is_still_a_producer_burst";
     let _serial = serial();
-    let staged = stage(TEST, ProbeMode::Off, &burst_flood_args(), false);
+    if !fifo_possible(TEST) {
+        return;
+    }
+    let staged = stage_with(TEST, ProbeMode::Off, &burst_flood_args(), false, true);
     check_burst(TEST, &staged, "low");
 }
