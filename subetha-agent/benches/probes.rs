@@ -4,15 +4,22 @@
 //! of pipes ([`ROUND_TRIPS`] round trips per iteration, each one two
 //! context switches per thread), either on one CPU (every hand-off is a
 //! direct switch between them) or on two. Measured with the probes not
-//! loaded; loaded with nobody watched (every `sched_switch`/`sched_wakeup`
-//! on the host runs the programs, whose prefilter rejects it: what any
-//! unwatched workload on the host pays); and loaded with both threads
-//! watched, the worst case, where every switch passes the filter and
-//! updates the thread's state: once with the agent's off-CPU filter (its
-//! short waits and sleeps stay in the kernel) and once with every interval
-//! an event in the ring buffer. Events are drained between iterations,
-//! outside the timing (the 1 MiB ring buffer holds an iteration's ~8,000
-//! events; no event is lost, which is checked).
+//! loaded, then loaded and:
+//!
+//! * nobody watched: every `sched_switch`/`sched_wakeup` on the host runs
+//!   the programs and their index rejects it. What any workload on a host
+//!   running the agent pays: this is the row the ≤ 5% target is about;
+//! * both threads watched as producers, with the agent's off-CPU filter:
+//!   what an instrumented application's threads pay (the agent follows
+//!   producers through their migrations and drop hooks only);
+//! * both threads watched as scanners, with the agent's filter: every
+//!   switch updates the thread's state (a scan thread switches at most a
+//!   few thousand times a second, so this is a worst case, not a workload);
+//! * both watched, every interval an event in the ring buffer (no filter).
+//!
+//! Events are drained between iterations, outside the timing (the 1 MiB
+//! ring buffer holds an iteration's ~8,000 events; no event is lost, which
+//! is checked).
 //!
 //! **Drop-hook uprobes.** A producer pushes into an [`ObservationRing`]
 //! (the same `push` the instrumented primitives use; the ring's consumer is
@@ -32,7 +39,7 @@
 //!
 //! | id (group)                                 | one iteration                 |
 //! |--------------------------------------------|-------------------------------|
-//! | `probes_sched/pingpong_{same_cpu,two_cpus}/{unloaded,loaded_unwatched,watched,watched_every_interval}` | 4,000 round trips |
+//! | `probes_sched/pingpong_{same_cpu,two_cpus}/{unloaded,loaded_unwatched,watched_producers,watched_scanners,watched_every_interval}` | 4,000 round trips |
 //! | `probes_uprobes/{storm_100k,storm_1m,fill_drain_64,fill_drain_1}/{detached,attached}` | see above |
 //!
 //! After criterion (with `--bench`), a plain A/B measurement alternates the
@@ -210,26 +217,41 @@ impl Drop for PingPong {
 enum Sched {
     Unloaded,
     LoadedUnwatched,
-    /// Both threads watched, with the agent's off-CPU filter.
-    Watched,
+    /// Both threads watched as producers, with the agent's filter.
+    Producers,
+    /// Both threads watched as scanners, with the agent's filter.
+    Scanners,
     /// Both threads watched, every off-CPU interval an event.
-    WatchedEveryInterval,
+    EveryInterval,
 }
 
 impl Sched {
-    const ALL: [Sched; 4] = [
+    const ALL: [Sched; 5] = [
         Sched::Unloaded,
         Sched::LoadedUnwatched,
-        Sched::Watched,
-        Sched::WatchedEveryInterval,
+        Sched::Producers,
+        Sched::Scanners,
+        Sched::EveryInterval,
     ];
 
     fn name(self) -> &'static str {
         match self {
             Sched::Unloaded => "unloaded",
             Sched::LoadedUnwatched => "loaded_unwatched",
-            Sched::Watched => "watched",
-            Sched::WatchedEveryInterval => "watched_every_interval",
+            Sched::Producers => "watched_producers",
+            Sched::Scanners => "watched_scanners",
+            Sched::EveryInterval => "watched_every_interval",
+        }
+    }
+
+    /// The row of the A/B report.
+    fn label(self) -> &'static str {
+        match self {
+            Sched::Unloaded => "unloaded",
+            Sched::LoadedUnwatched => "loaded, unwatched",
+            Sched::Producers => "watched as producers",
+            Sched::Scanners => "watched as scanners",
+            Sched::EveryInterval => "watched, every interval",
         }
     }
 }
@@ -250,13 +272,13 @@ fn set_sched(probes: &mut Option<Probes>, state: Sched, pp: &PingPong) -> Option
         *probes = Some(load_probes()?);
     }
     let p = probes.as_mut()?;
-    let filter = (state != Sched::WatchedEveryInterval).then(agent_filter);
+    let filter = (state != Sched::EveryInterval).then(agent_filter);
     p.set_off_cpu_filter(filter).expect("set the off-CPU filter");
     for tid in [gettid(), pp.echo_tid] {
-        if matches!(state, Sched::Watched | Sched::WatchedEveryInterval) {
-            p.watch(tid, Role::Producer).expect("watch a ping-pong thread");
-        } else {
-            p.unwatch(tid);
+        match state {
+            Sched::Unloaded | Sched::LoadedUnwatched => p.unwatch(tid),
+            Sched::Producers | Sched::EveryInterval => p.watch(tid, Role::Producer).expect("watch a thread"),
+            Sched::Scanners => p.watch(tid, Role::Scanner).expect("watch a thread"),
         }
     }
     drain(p);
@@ -465,8 +487,8 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
         let iters = if quick { 5 } else { 20 };
         let mut base = Vec::new();
         // Per watched state: ratios to the unloaded run, events per round trip.
-        let mut ratios: [Vec<f64>; 3] = Default::default();
-        let mut events: [Vec<f64>; 3] = Default::default();
+        let mut ratios: [Vec<f64>; 4] = Default::default();
+        let mut events: [Vec<f64>; 4] = Default::default();
         for _ in 0..rounds {
             set_sched(probes, Sched::Unloaded, &pp);
             pp.run(ROUND_TRIPS);
@@ -488,26 +510,27 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
             }
         }
         let base = median(base);
-        let names = [
-            "loaded, unwatched",
-            "watched, agent's filter",
-            "watched, every interval",
-        ];
-        for ((name, ratios), events) in names.into_iter().zip(ratios).zip(events) {
+        for ((state, ratios), events) in Sched::ALL[1..].iter().zip(ratios).zip(events) {
+            let name = state.label();
             let ratio = median(ratios);
             let slowdown = ratio - 1.0;
+            // The target is for workloads; the scanner and unfiltered rows
+            // are worst cases shown for what they cost.
+            let (target, verdict) = match state {
+                Sched::LoadedUnwatched | Sched::Producers if slowdown <= SLOWDOWN_TARGET => {
+                    ("≤ +5%", "meets")
+                }
+                Sched::LoadedUnwatched | Sched::Producers => ("≤ +5%", "MISSES"),
+                _ => ("(worst)", "info"),
+            };
             eprintln!(
                 "{:<44} {:>9.0} ns {:>9.0} ns {:>+8.1}% {:>7} {:<6} {:.2} events/round trip",
                 format!("pingpong_{layout}: {name}"),
                 base,
                 base * ratio,
                 slowdown * 100.0,
-                "≤ +5%",
-                if slowdown <= SLOWDOWN_TARGET {
-                    "meets"
-                } else {
-                    "MISSES"
-                },
+                target,
+                verdict,
                 median(events)
             );
         }

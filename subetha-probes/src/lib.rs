@@ -354,6 +354,13 @@ pub struct OffCpuFilter {
     pub min_wait_ns: u64,
     /// Emit when the time asleep is more than this.
     pub min_sleep_ns: u64,
+    /// 1 to follow producers' off-CPU intervals too; 0 follows only
+    /// scanners (a producer's CPU is then known from its migrations and its
+    /// drop hooks, and its switches cost no more than an unwatched
+    /// thread's).
+    pub producers: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
 }
 
 /// Name of the count of off-CPU intervals the filter kept out of the ring
@@ -435,7 +442,7 @@ const _: () = {
     assert!(size_of::<MigrateEvent>() == 32);
     assert!(size_of::<TaskState>() == 56);
     assert!(size_of::<WatchedTask>() == 72);
-    assert!(size_of::<OffCpuFilter>() == 24);
+    assert!(size_of::<OffCpuFilter>() == 32);
     assert!(size_of::<CpuRun>() == 48);
     assert!(size_of::<SchedConfig>() == 56);
     assert!(align_of::<OffCpuEvent>() == 8);

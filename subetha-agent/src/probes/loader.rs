@@ -220,6 +220,8 @@ impl Probes {
                 cpu_change: u32::from(f.cpu_change),
                 min_wait_ns: f.min_runqueue_wait_ns,
                 min_sleep_ns: f.min_sleep_ns,
+                producers: u32::from(f.producer_intervals),
+                _reserved: 0,
             }
         });
         let map_error = |error: String| ProbesError::Map {

@@ -113,24 +113,30 @@ pub struct OffCpuFilter {
     pub min_runqueue_wait_ns: u64,
     /// Report a sleep longer than this.
     pub min_sleep_ns: u64,
-    /// Report every interval that ends on another CPU than it began on
-    /// (where a producer runs matters to a storm's diagnosis).
+    /// Report every interval that ends on another CPU than it began on.
     pub cpu_change: bool,
+    /// Follow producers' off-CPU intervals too (else only scanners'; a
+    /// producer's CPU then comes from its migrations and drop hooks, and
+    /// its context switches cost what an unwatched thread's do).
+    pub producer_intervals: bool,
 }
 
 impl OffCpuFilter {
     /// A runqueue wait long enough to explain part of a storm.
     pub const SIGNIFICANT_WAIT_NS: u64 = 500_000;
 
-    /// What the agent asks for: waits of at least
+    /// What the agent asks for: its scanners' waits of at least
     /// [`SIGNIFICANT_WAIT_NS`](Self::SIGNIFICANT_WAIT_NS), sleeps beyond
     /// twice its longest scan pause (a scanner's ordinary pauses are not
-    /// news), and every change of CPU.
+    /// news) and changes of CPU; producers only through their migrations
+    /// and drop hooks (where a producer runs is all a diagnosis needs of
+    /// it).
     pub const fn for_agent(max_scan_interval_ns: u64) -> OffCpuFilter {
         OffCpuFilter {
             min_runqueue_wait_ns: Self::SIGNIFICANT_WAIT_NS,
             min_sleep_ns: max_scan_interval_ns.saturating_mul(2),
             cpu_change: true,
+            producer_intervals: false,
         }
     }
 }

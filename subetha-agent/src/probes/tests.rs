@@ -546,6 +546,7 @@ fn probes_filter_keeps_short_intervals_in_the_kernel() {
             min_runqueue_wait_ns: 1_000 * MS,
             min_sleep_ns: 10 * MS,
             cpu_change: false,
+            producer_intervals: true,
         }))
         .unwrap();
     let filtered_before = probes.off_cpu_filtered();
@@ -562,6 +563,17 @@ fn probes_filter_keeps_short_intervals_in_the_kernel() {
         filtered >= 3,
         "the three short sleeps were counted as filtered: {filtered}"
     );
+    // Producers left out: nothing for a producer, however long it sleeps.
+    probes
+        .set_off_cpu_filter(Some(OffCpuFilter {
+            min_runqueue_wait_ns: 1_000 * MS,
+            min_sleep_ns: 10 * MS,
+            cpu_change: true,
+            producer_intervals: false,
+        }))
+        .unwrap();
+    let (_, intervals) = watch_a_sleeper(&mut probes, &[short, Duration::from_millis(20)], false);
+    assert!(intervals.is_empty(), "producers are not followed: {intervals:#?}");
     // Back to every interval.
     probes.set_off_cpu_filter(None).unwrap();
     let (_, intervals) = watch_a_sleeper(

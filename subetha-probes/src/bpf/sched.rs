@@ -41,7 +41,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use subetha_probes::{
-    COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState, WatchedTask, kind,
+    COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState, WatchedTask,
+    kind, role,
 };
 
 use super::maps::{
@@ -349,8 +350,8 @@ fn on_switch<C: EbpfContext>(
             (*run).since = run_clock;
         }
     }
-    let prev_entry = watched(prev);
-    let next_entry = watched(next);
+    let prev_entry = watched(prev).filter(|&entry| followed(entry));
+    let next_entry = watched(next).filter(|&entry| followed(entry));
     if prev_entry.is_none() && next_entry.is_none() {
         return;
     }
@@ -466,6 +467,19 @@ fn switched_in<C: EbpfContext>(
     emit(ctx, &event);
 }
 
+/// Whether a watched thread's off-CPU intervals are followed: a scanner's
+/// always, a producer's unless the filter leaves producers out.
+#[inline(always)]
+fn followed(entry: *mut WatchedTask) -> bool {
+    // SAFETY: `entry` comes from `watched` (see there); a u32 read.
+    if unsafe { (*entry).role } != role::PRODUCER {
+        return true;
+    }
+    OFF_CPU_FILTER
+        .get(0)
+        .is_none_or(|filter| filter.enabled != 1 || filter.producers == 1)
+}
+
 /// Whether an interval passes the filter: the same runqueue-wait and
 /// asleep split as user space's `OffCpuInterval`.
 #[inline(always)]
@@ -486,7 +500,7 @@ fn remarkable(filter: &OffCpuFilter, state: &TaskState, now: u64, cpu_in: u32) -
 /// A watched thread that went to sleep is woken: runqueue wait starts.
 #[inline(always)]
 fn woken(tid: u32) {
-    let Some(entry) = watched(tid) else {
+    let Some(entry) = watched(tid).filter(|&entry| followed(entry)) else {
         return;
     };
     // SAFETY: as in `switched_out`.
