@@ -671,11 +671,19 @@ impl Probes {
     }
 }
 
-fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, String> {
+/// Program `name` of the object as its type `T`.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or_else(|| format!("program {name} missing from the object"))?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| error_text(&e))
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, String> {
+    program(ebpf, name)
 }
 
 fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), String> {
@@ -683,25 +691,18 @@ fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), String> {
 }
 
 fn attach_btf_tracepoint(ebpf: &mut Ebpf, name: &str, event: &str, btf: &Btf) -> Result<(), String> {
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| format!("program {name} missing from the object"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| error_text(&e))?;
-    program.load(event, btf).map_err(|e| error_text(&e))?;
-    program.attach().map_err(|e| error_text(&e))?;
-    Ok(())
+    let tracepoint: &mut BtfTracePoint = program(ebpf, name)?;
+    tracepoint.load(event, btf).map_err(|e| error_text(&e))?;
+    tracepoint.attach().map(drop).map_err(|e| error_text(&e))
 }
 
 fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<(), String> {
-    let program: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| format!("program {name} missing from the object"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| error_text(&e))?;
-    program.load().map_err(|e| error_text(&e))?;
-    program.attach(category, event).map_err(|e| error_text(&e))?;
-    Ok(())
+    let tracepoint: &mut TracePoint = program(ebpf, name)?;
+    tracepoint.load().map_err(|e| error_text(&e))?;
+    tracepoint
+        .attach(category, event)
+        .map(drop)
+        .map_err(|e| error_text(&e))
 }
 
 /// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it.
