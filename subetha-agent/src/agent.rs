@@ -14,6 +14,16 @@
 //! ring was found more than half full and grows by half (up to
 //! `max_scan_interval`) when every ring was below an eighth.
 //!
+//! After the scans, at most every [`POLICY_INTERVAL`] per process, the
+//! agent runs the built-in [`AdaptivePolicy`] of
+//! [`AdaptiveMutex`](subetha_core::AdaptiveMutex) over the process's
+//! instances and writes the spin budgets it decides into their policy
+//! words, as the application's sidecar would: one policy per tracked
+//! process (its windows are per instance), all sharing one park-cost
+//! measurement that a background thread takes (never the scan thread: the
+//! measurement blocks for milliseconds). `AgentConfig::adaptive_policy`
+//! turns this off.
+//!
 //! Stopping ([`AgentHandle::stop`]) drains once more and hands every lease
 //! back, so the applications' sidecars resume.
 
@@ -29,6 +39,7 @@ use subetha_core::ObservationRing;
 use subetha_core::clock;
 use subetha_core::drain::Drainer;
 use subetha_core::lease::{TakeoverRequest, word_pid};
+use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
 use subetha_core::stats::LatencyHistogram;
 
@@ -41,7 +52,7 @@ use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
 };
-use crate::probes::{ProbeEvent, Probes, Role};
+use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
 
@@ -71,6 +82,9 @@ pub struct AgentConfig {
     pub scanner_cpu: Option<usize>,
     /// Whether to load the eBPF probes.
     pub probes: ProbeMode,
+    /// Whether to run the adaptive-mutex policy on the processes drained
+    /// (see the [module docs](self)).
+    pub adaptive_policy: bool,
 }
 
 /// `--probes auto|on|off`.
@@ -99,9 +113,14 @@ impl Default for AgentConfig {
             registration_socket: None,
             scanner_cpu: None,
             probes: ProbeMode::Auto,
+            adaptive_policy: true,
         }
     }
 }
+
+/// Shortest pause between two policy rounds on one process (the sidecar's
+/// default `policy_interval`).
+pub const POLICY_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Scans kept for finding the gaps that overlap a storm.
 const SCAN_HISTORY: usize = 1 << 16;
@@ -116,7 +135,7 @@ const PRODUCER_HISTORY: usize = 4096;
 /// Migrations kept per producer thread.
 const MIGRATION_HISTORY: usize = 64;
 /// A scanner runqueue wait worth keeping as evidence.
-const SIGNIFICANT_WAIT_NS: u64 = 500_000;
+const SIGNIFICANT_WAIT_NS: u64 = OffCpuFilter::SIGNIFICANT_WAIT_NS;
 /// Scanner off-CPU intervals kept (from the probes).
 const OFF_CPU_HISTORY: usize = 8192;
 /// A storm's cause is (re)computed until this long after it ended, as late
@@ -160,6 +179,10 @@ struct Tracked {
     last_episode_seq: u64,
     open_storms: HashMap<u64, u64>,
     storms_begun: u64,
+    /// The adaptive-mutex policy for this process (None: turned off).
+    policy: Option<AdaptivePolicy>,
+    /// `clock::monotonic_ns()` from which the next policy round is due.
+    next_policy_ns: u64,
 }
 
 struct State {
@@ -274,7 +297,13 @@ impl Agent {
         match self.state.config.probes {
             ProbeMode::Off => self.state.probes_note = "off".into(),
             mode => match Probes::load() {
-                Ok(probes) => {
+                Ok(mut probes) => {
+                    // Only intervals that can explain a storm reach user
+                    // space; the kernel counts the rest.
+                    let max_pause = self.state.config.max_scan_interval.as_nanos() as u64;
+                    if let Err(error) = probes.set_off_cpu_filter(Some(OffCpuFilter::for_agent(max_pause))) {
+                        tracing::warn!(%error, "off-CPU event filter not set; every interval is reported");
+                    }
                     self.state.probes_note = probes.summary();
                     tracing::info!(probes = %self.state.probes_note, "eBPF probes loaded");
                     self.state.probes = Some(probes);
@@ -290,6 +319,11 @@ impl Agent {
                     self.state.probes_note = format!("unavailable: {error}");
                 }
             },
+        }
+        if self.state.config.adaptive_policy {
+            // Start the park-cost measurement now, on its own thread, so the
+            // first decisions already have it.
+            adaptive::shared_park_cost_ns();
         }
         if let Some(path) = self.state.config.registration_socket.clone() {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -503,6 +537,8 @@ impl State {
             last_episode_seq: 0,
             open_storms: HashMap::new(),
             storms_begun: 0,
+            policy: self.config.adaptive_policy.then(AdaptivePolicy::default),
+            next_policy_ns: 0,
         };
         tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
         if let Some(probes) = self.probes.as_mut()
@@ -544,6 +580,7 @@ impl State {
             let report = tracked.drainer.scan();
             max_fill = max_fill.max(report.max_fill);
             drained += report.drained;
+            tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
                 // Final drain: the process is gone, its rings hold the rest.
                 for _ in 0..64 {
@@ -1015,6 +1052,7 @@ impl State {
                 probes: self.probes_note.clone(),
                 probe_events: self.probe_events_total,
                 probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
+                probe_filtered: self.probes.as_ref().map_or(0, Probes::off_cpu_filtered),
             },
             processes: self
                 .tracked
@@ -1090,6 +1128,22 @@ impl Tracked {
                     }
                 }
             }
+        }
+    }
+
+    /// Runs the adaptive policy if a round is due at `now_ns` (after a
+    /// scan, while the lease is held).
+    fn run_policy(&mut self, now_ns: u64) {
+        let Some(policy) = self.policy.as_mut() else {
+            return;
+        };
+        if now_ns < self.next_policy_ns {
+            return;
+        }
+        self.next_policy_ns = now_ns.saturating_add(POLICY_INTERVAL.as_nanos() as u64);
+        let changed = adaptive::apply_policy(&self.drainer, policy);
+        if changed > 0 {
+            tracing::debug!(pid = self.pid, changed, "adaptive policy set spin budgets");
         }
     }
 

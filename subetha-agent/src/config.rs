@@ -62,6 +62,17 @@ impl From<Probes> for ProbeMode {
     }
 }
 
+/// `--adaptive-policy on|off` / `adaptive_policy = "on"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    /// Enabled.
+    #[default]
+    On,
+    /// Disabled.
+    Off,
+}
+
 /// What to scan and how often (shared by `run` and `snapshot`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ScanArgs {
@@ -145,6 +156,11 @@ pub struct RunArgs {
     /// (e.g. http://127.0.0.1:4318/v1/metrics).
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// The built-in adaptive-mutex policy: on (set the spin budgets of the
+    /// drained processes' adaptive mutexes from what they are observed
+    /// doing, as their own sidecar would) or off (leave policy words alone).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub adaptive_policy: Switch,
     /// Period of the OTLP export.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub otlp_interval: Duration,
@@ -202,6 +218,8 @@ pub struct FileConfig {
     pub scanner_cpu: Option<usize>,
     /// `--probes`.
     pub probes: Option<Probes>,
+    /// `--adaptive-policy`.
+    pub adaptive_policy: Option<Switch>,
     /// `--socket`.
     pub socket: Option<PathBuf>,
     /// `--no-socket`.
@@ -279,6 +297,8 @@ pub struct RunSettings {
     pub scanner_cpu: Option<usize>,
     /// eBPF probes.
     pub probes: Probes,
+    /// The adaptive-mutex policy.
+    pub adaptive_policy: Switch,
     /// Registration socket path (None with `no_socket`: the default path).
     pub socket: Option<PathBuf>,
     /// No registration socket.
@@ -361,6 +381,7 @@ impl RunSettings {
             retention: pick!(retention, scan.retention, duration),
             scanner_cpu: pick!(scanner_cpu, scan.scanner_cpu, Some),
             probes: pick!(probes, scan.probes, identity),
+            adaptive_policy: pick!(adaptive_policy, args.adaptive_policy, identity),
             socket: pick!(socket, args.socket.clone(), Some),
             no_socket: pick!(no_socket, args.no_socket, identity),
             export_jsonl: pick!(export_jsonl, args.export_jsonl.clone(), Some),
@@ -454,6 +475,7 @@ impl RunSettings {
             retention: self.retention,
             scanner_cpu: self.scanner_cpu,
             probes: self.probes.into(),
+            adaptive_policy: self.adaptive_policy == Switch::On,
             registration_socket: (!self.no_socket).then(|| {
                 self.socket
                     .clone()
@@ -476,6 +498,7 @@ impl RunSettings {
             retention: Some(HumanDuration(self.retention)),
             scanner_cpu: self.scanner_cpu,
             probes: Some(self.probes),
+            adaptive_policy: Some(self.adaptive_policy),
             socket: self.socket.clone(),
             no_socket: Some(self.no_socket),
             export_jsonl: self.export_jsonl.clone(),
@@ -515,6 +538,7 @@ impl FileConfig {
         "retention",
         "scanner_cpu",
         "probes",
+        "adaptive_policy",
         "socket",
         "no_socket",
         "export_jsonl",
@@ -586,6 +610,8 @@ mod tests {
         assert_eq!(settings.min_scan_interval, Duration::from_micros(100));
         assert_eq!(settings.retention, Duration::from_secs(600));
         assert_eq!(settings.probes, Probes::Auto);
+        assert_eq!(settings.adaptive_policy, Switch::On);
+        assert!(settings.agent_config().adaptive_policy);
         assert!(settings.origins.values().all(|o| *o == Origin::Default));
         assert_eq!(
             settings.origins.len(),
@@ -605,6 +631,7 @@ mod tests {
             retention = "1m"
             scanner_cpu = 1
             probes = "off"
+            adaptive_policy = "off"
             socket = "/tmp/s.sock"
             no_socket = false
             export_jsonl = "-"
@@ -622,6 +649,8 @@ mod tests {
         assert_eq!(settings.retention, Duration::from_secs(60));
         assert_eq!(settings.scanner_cpu, Some(1));
         assert_eq!(settings.probes, Probes::Off);
+        assert_eq!(settings.adaptive_policy, Switch::Off);
+        assert!(!settings.agent_config().adaptive_policy);
         assert_eq!(settings.socket, Some(PathBuf::from("/tmp/s.sock")));
         assert!(!settings.no_socket);
         assert_eq!(settings.export_jsonl.as_deref(), Some("-"));

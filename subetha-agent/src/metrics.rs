@@ -410,6 +410,12 @@ impl Collector for SnapshotCollector {
             "Events the eBPF probes could not deliver (ring buffer full).",
             [(vec![], agent.probe_losses)],
         )?;
+        counter(
+            e,
+            "subetha_probe_filtered_intervals",
+            "Off-CPU intervals the eBPF probes' in-kernel filter kept back as unremarkable.",
+            [(vec![], agent.probe_filtered)],
+        )?;
         gauge(
             e,
             "subetha_agent_scan_interval",
@@ -722,6 +728,7 @@ pub(crate) mod tests {
                 probes: "off".into(),
                 probe_events: 0,
                 probe_losses: 0,
+                probe_filtered: 0,
             },
             processes: vec![ProcessReport {
                 pid: 4242,
@@ -873,6 +880,7 @@ pub(crate) mod tests {
             "subetha_agent_scans_total 1234".into(),
             "subetha_probe_events_total 0".into(),
             "subetha_probe_lost_events_total 0".into(),
+            "subetha_probe_filtered_intervals_total 0".into(),
             "subetha_agent_info{version=\"0.1.0\"} 1".into(),
             "subetha_agent_scan_interval_seconds 0.0005".into(),
             "# TYPE subetha_processes gauge".into(),

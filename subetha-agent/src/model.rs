@@ -51,6 +51,10 @@ pub struct AgentInfo {
     pub probe_events: u64,
     /// Events the probes could not deliver (ring buffer full).
     pub probe_losses: u64,
+    /// Off-CPU intervals the probes' in-kernel filter judged unremarkable
+    /// and did not deliver (by design, not a loss).
+    #[serde(default)]
+    pub probe_filtered: u64,
 }
 
 /// p50/p90/p99/p99.9/max, in nanoseconds.

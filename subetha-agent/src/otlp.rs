@@ -305,6 +305,12 @@ fn register_instruments(meter: &Meter, source: &SnapshotSource) {
         "Events the eBPF probes could not deliver (ring buffer full).",
         |s, _| vec![(s.agent.probe_losses, vec![])],
     );
+    counter(
+        "subetha.probe.filtered_intervals",
+        "{interval}",
+        "Off-CPU intervals the eBPF probes' in-kernel filter kept back as unremarkable.",
+        |s, _| vec![(s.agent.probe_filtered, vec![])],
+    );
     seconds_gauge(
         "subetha.agent.scan_interval".into(),
         "Current pause between scans (adapts to ring fill).".into(),

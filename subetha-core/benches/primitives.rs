@@ -11,7 +11,8 @@
 //!
 //! Implementations: `parking_lot` / `crossbeam` (the wrapped types, the
 //! baseline of each comparison), `subetha` ([`Mutex`], [`Channel`]),
-//! `unobserved` (the wrapper without an instance), `adaptive`
+//! `unobserved` (the wrapper without an instance: the same lock code, no
+//! ring pushes, nothing for the sidecar to drain), `adaptive`
 //! ([`AdaptiveMutex`] with its built-in policy) and `fixed_spin` (the same
 //! lock with a pinned 16 µs spin budget).
 //!
@@ -36,7 +37,10 @@
 //! Environment: `SUBETHA_BENCH_QUICK=1` (short criterion runs, 3 rounds of
 //! 100 ms), `SUBETHA_BENCH_ROUNDS` (default 25), `SUBETHA_BENCH_SLICE_MS`
 //! (default 60), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
-//! ns).
+//! ns), `SUBETHA_BENCH_ONLY=<group>/<id>` (run that one case alone for
+//! `SUBETHA_BENCH_SLICE_MS`, default 2000, and print its ns/op and the
+//! contended-wait quantiles the sidecar recorded: for `perf record` and
+//! `strace -c`).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -65,8 +69,8 @@ type Outcome = (u64, Duration);
 /// operations and the wall time from the common start to the last finish.
 fn drive(threads: usize, budget: Budget, op: impl Fn() + Send + Sync + Clone + 'static) -> Outcome {
     let start = Arc::new(Barrier::new(threads + 1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(Padded(AtomicBool::new(false)));
+    let done = Arc::new(Padded(AtomicU64::new(0)));
     let handles: Vec<_> = (0..threads)
         .map(|i| {
             let (start, stop, done, op) = (
@@ -109,6 +113,21 @@ fn drive(threads: usize, budget: Budget, op: impl Fn() + Send + Sync + Clone + '
         h.join().expect("bench thread");
     }
     (done.load(Ordering::Relaxed), began.elapsed())
+}
+
+/// A value alone in its pair of cache lines: the workers' shared `stop`
+/// flag (read every 16 operations) and `done` counter must not share a line
+/// with the lock under test, which would penalise whichever implementation
+/// the allocator happened to put next to them.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// Thread `i`'s share of `total` operations.
@@ -405,6 +424,13 @@ fn cases() -> Vec<Case> {
         ));
         cases.push(lock_case(
             "contended",
+            format!("unobserved/{set}"),
+            &set,
+            threads,
+            Mutex::unobserved(0),
+        ));
+        cases.push(lock_case(
+            "contended",
             format!("adaptive/{set}"),
             &set,
             threads,
@@ -416,6 +442,14 @@ fn cases() -> Vec<Case> {
         cases.push(work_case("contended", "parking_lot", work, threads, pl));
         let plain = Mutex::named(&format!("bench_contended_work_{threads}"), 0);
         cases.push(work_case("contended", "subetha", work, threads, Arc::new(plain)));
+        let unobserved = Mutex::unobserved(0);
+        cases.push(work_case(
+            "contended",
+            "unobserved",
+            work,
+            threads,
+            Arc::new(unobserved),
+        ));
         let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{threads}"), 0);
         cases.push(work_case(
             "contended",
@@ -686,6 +720,57 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
     }
 }
 
+/// `SUBETHA_BENCH_ONLY=<group>/<id>`: runs just that case, for
+/// `SUBETHA_BENCH_SLICE_MS` (default 2000 here) after one warm-up slice,
+/// and prints its ns per element and, for every instrumented lock with
+/// contended acquisitions, the waits the sidecar recorded; for profilers
+/// (`perf record`, `strace -c`).
+fn profile_one(cases: &[Case], only: &str) {
+    let Some(case) = cases.iter().find(|c| format!("{}/{}", c.group, c.id) == only) else {
+        let ids: Vec<String> = cases.iter().map(|c| format!("{}/{}", c.group, c.id)).collect();
+        eprintln!(
+            "SUBETHA_BENCH_ONLY={only}: no such case; one of:\n  {}",
+            ids.join("\n  ")
+        );
+        std::process::exit(2);
+    };
+    let slice = Duration::from_millis(env_u64("SUBETHA_BENCH_SLICE_MS", 2000));
+    (case.run)(Budget::Time(Duration::from_millis(100)));
+    let cpu_before = process_cpu_ns();
+    let (ops, elapsed) = (case.run)(Budget::Time(slice));
+    let cpu = process_cpu_ns().saturating_sub(cpu_before);
+    if let Some(sidecar) = subetha_core::process_sidecar() {
+        sidecar.scan_now();
+        let cal = subetha_core::clock::calibration();
+        for r in &sidecar.snapshot().instances {
+            let Some(lock) = r.stats.op(subetha_core::primitives::mutex::op::LOCK) else {
+                continue;
+            };
+            if lock.contended() == 0 {
+                continue;
+            }
+            let q = |x| {
+                lock.latency()
+                    .map_or(0, |h| cal.ticks_to_ns(h.value_at_quantile(x)))
+            };
+            println!(
+                "  {}: locks {} contended {} wait p50 {} p90 {} p99 {} ns",
+                r.meta.name,
+                lock.ops(),
+                lock.contended(),
+                q(0.5),
+                q(0.9),
+                q(0.99)
+            );
+        }
+    }
+    println!(
+        "{only}: {:.1} ns/op wall, {:.1} ns/op CPU ({ops} ops in {elapsed:?})",
+        elapsed.as_nanos() as f64 / ops.max(1) as f64,
+        cpu as f64 / ops.max(1) as f64
+    );
+}
+
 fn main() {
     // The sidecar drains and runs the adaptive policy; `always` keeps an
     // agent on the host from taking the segment over mid-run.
@@ -695,6 +780,10 @@ fn main() {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     work_per_us();
     let cases = cases();
+    if let Ok(only) = std::env::var("SUBETHA_BENCH_ONLY") {
+        profile_one(&cases, &only);
+        return;
+    }
     if std::env::var("SUBETHA_BENCH_CRITERION").map_or(true, |v| v != "0") {
         criterion_pass(&cases);
     }

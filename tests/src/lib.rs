@@ -20,6 +20,7 @@
 //! | `thread_exit.rs` | observations from thread-exit destructors: delivered or counted lost |
 //! | `consumer_change.rs` | a new consumer does not blame a slot's new thread for old drops (currently a known bug) |
 //! | `agent_conservation.rs` | the agent's books balance exactly: bursts and storms, agent SIGKILLed and restarted, workload SIGKILLed, thread churn, late attach (a known bug, ignored) |
+//! | `agent_adaptive_policy.rs` | the agent runs the adaptive-mutex policy for a process it drains (and leaves the word alone when told to) |
 //! | `agent_handover.rs` | sidecar ⇄ agent hand-over and hand-back without loss; `SUBETHA_SIDECAR=always` is left alone |
 //! | `agent_hostile.rs` | hostile segments: one refusal each, the rest served, corrupt ring, names sanitised, bounded memory (two known bugs, ignored) |
 //! | `agent_cli.rs` | the real binary: bad command lines, busy port, closed port, SIGTERM, registration socket (`--pid` with registrations: a known bug, ignored) |

@@ -23,16 +23,23 @@
 //! policy therefore needs two numbers: how long the lock is held, which it
 //! observes, and what a park/wake hand-off costs on this host, which it
 //! measures ([`measure_park_cost_ns`]: a futex ping-pong between two
-//! threads, repeated every [`PARK_COST_TTL`]; tens of µs on an idle virtual
-//! machine, a few µs on bare metal or a busy host).
+//! threads; tens of µs on an idle virtual machine, a few µs on bare metal
+//! or a busy host).
+//!
+//! The measurement blocks for milliseconds, so it never runs on a
+//! consumer's scan thread (a scanner that stops draining makes rings
+//! overflow): every policy of a process shares one measurement
+//! ([`shared_park_cost_ns`]), taken on a background thread when first
+//! asked for and again once it is older than [`PARK_COST_TTL`]; until the
+//! first one completes the policy assumes [`DEFAULT_PARK_COST_NS`].
 //!
 //! [`AdaptivePolicy`] runs in whichever consumer drains the segment: the
 //! in-process sidecar (installed automatically when the first
 //! `AdaptiveMutex` is created, unless `SUBETHA_ADAPTIVE_POLICY=off`) or an
 //! agent (which calls [`apply_policy`] with one `AdaptivePolicy` per
-//! segment after its scans). It only sees [`InstanceStats`] and the policy
-//! word, so it behaves the same in both. Per instance and per window (the
-//! observations since its last decision on that instance):
+//! tracked process after its scans). It only sees [`InstanceStats`] and the
+//! policy word, so it behaves the same in both. Per instance and per window
+//! (the observations since its last decision on that instance):
 //!
 //! 1. Fewer than [`AdaptiveConfig::min_contended`] contended acquisitions:
 //!    keep accumulating — unless the window already holds
@@ -59,10 +66,11 @@
 //! holder needs; the budget's cap (one park cost) bounds that waste.
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::mutex::{self, Mutex, RawMutex};
@@ -235,7 +243,7 @@ pub struct AdaptiveConfig {
     /// Smallest budget.
     pub min_spin_ns: u64,
     /// The cost of parking and being woken, which caps the budget; `None`:
-    /// measured on this host ([`park_cost_ns`]).
+    /// measured on this host ([`shared_park_cost_ns`]).
     pub park_cost_ns: Option<u64>,
 }
 
@@ -294,10 +302,13 @@ impl AdaptiveConfig {
 
 /// Measures the cost of parking a thread and waking it on this host, in
 /// ns: the median one-way hand-off of a futex ping-pong between two threads
-/// (64 round trips, ~2 ms of wall time, most of it asleep). It depends on
-/// load: on a virtual machine waking an idle virtual CPU costs tens of µs,
-/// waking a thread onto a busy one far less, so [`AdaptivePolicy`]
-/// re-measures every [`PARK_COST_TTL`].
+/// (64 round trips, a few ms of wall time, most of it asleep). It depends
+/// on load: on a virtual machine waking an idle virtual CPU costs tens of
+/// µs, waking a thread onto a busy one far less, so the shared measurement
+/// ([`shared_park_cost_ns`]) is repeated every [`PARK_COST_TTL`].
+///
+/// Blocks the caller for the whole measurement: never call it on a scan
+/// thread.
 pub fn measure_park_cost_ns() -> u64 {
     const ROUNDS: usize = 64;
     let turn = Arc::new(AtomicU64::new(0));
@@ -336,10 +347,109 @@ pub fn measure_park_cost_ns() -> u64 {
     (trips[ROUNDS / 2] / 2).max(1)
 }
 
-/// Park cost assumed if it cannot be measured.
-const DEFAULT_PARK_COST_NS: u64 = 10_000;
-/// How long [`AdaptivePolicy`] trusts a park-cost measurement.
+/// Park cost assumed until it has been measured (or if it cannot be).
+pub const DEFAULT_PARK_COST_NS: u64 = 10_000;
+/// How long a park-cost measurement is trusted.
 pub const PARK_COST_TTL: Duration = Duration::from_secs(10);
+
+/// The park cost (ns) every [`AdaptivePolicy`] of this process uses unless
+/// its configuration fixes one: the latest background measurement
+/// ([`measure_park_cost_ns`]), or [`DEFAULT_PARK_COST_NS`] until the first
+/// completes. Never blocks: when there is no measurement yet, or it is
+/// older than [`PARK_COST_TTL`], it asks the background thread (started on
+/// first use; again in a forked child) for a new one and returns at once.
+pub fn shared_park_cost_ns() -> u64 {
+    SHARED_PARK_COST.get()
+}
+
+/// The latest background park-cost measurement (ns), `None` before the
+/// first has completed. Does not ask for one.
+pub fn measured_park_cost_ns() -> Option<u64> {
+    SHARED_PARK_COST.measured()
+}
+
+static SHARED_PARK_COST: BackgroundMeasurement =
+    BackgroundMeasurement::new(measure_park_cost_ns, PARK_COST_TTL);
+
+/// A value that is slow to measure, measured on a background thread and
+/// cached: readers never wait for it.
+struct BackgroundMeasurement {
+    /// The latest value; 0 until the first measurement completes.
+    value: AtomicU64,
+    /// `clock::monotonic_ns()` when `value` was measured.
+    measured_at_ns: AtomicU64,
+    /// A new measurement was asked for and has not started yet.
+    wanted: AtomicBool,
+    /// The worker thread, with the pid of the process it runs in (a forked
+    /// child has no worker even though it inherited this entry); `None` in
+    /// the tuple: spawning it failed in that process.
+    worker: parking_lot::Mutex<Option<(u32, Option<std::thread::Thread>)>>,
+    measure: fn() -> u64,
+    ttl: Duration,
+}
+
+impl BackgroundMeasurement {
+    const fn new(measure: fn() -> u64, ttl: Duration) -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            measured_at_ns: AtomicU64::new(0),
+            wanted: AtomicBool::new(false),
+            worker: parking_lot::const_mutex(None),
+            measure,
+            ttl,
+        }
+    }
+
+    /// The latest value, if any.
+    fn measured(&self) -> Option<u64> {
+        NonZeroU64::new(self.value.load(Ordering::Acquire)).map(NonZeroU64::get)
+    }
+
+    /// The latest value, or the default; asks for a new measurement when
+    /// there is none or it is stale.
+    fn get(&'static self) -> u64 {
+        let value = self.measured();
+        let age_ns = clock::monotonic_ns().saturating_sub(self.measured_at_ns.load(Ordering::Relaxed));
+        if value.is_none() || age_ns >= self.ttl.as_nanos() as u64 {
+            self.request();
+        }
+        value.unwrap_or(DEFAULT_PARK_COST_NS)
+    }
+
+    /// Asks the worker for a measurement, starting the worker if this
+    /// process has none.
+    fn request(&'static self) {
+        self.wanted.store(true, Ordering::Release);
+        let pid = std::process::id();
+        let mut worker = self.worker.lock();
+        match &*worker {
+            Some((owner, Some(thread))) if *owner == pid => thread.unpark(),
+            Some((owner, None)) if *owner == pid => {} // could not spawn here
+            _ => {
+                let spawned = std::thread::Builder::new()
+                    .name("subetha-parkcost".into())
+                    .spawn(move || self.work());
+                *worker = Some((pid, spawned.ok().map(|handle| handle.thread().clone())));
+            }
+        }
+    }
+
+    /// The worker: measures whenever asked, sleeps otherwise.
+    fn work(&self) {
+        loop {
+            if !self.wanted.swap(false, Ordering::AcqRel) {
+                std::thread::park();
+                continue;
+            }
+            let value = (self.measure)().max(1);
+            self.measured_at_ns
+                .store(clock::monotonic_ns(), Ordering::Relaxed);
+            self.value.store(value, Ordering::Release);
+            // Requests made while measuring are answered by this value.
+            self.wanted.store(false, Ordering::Release);
+        }
+    }
+}
 
 /// What one window of an adaptive lock's statistics says (ns).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -390,8 +500,6 @@ impl WindowSummary {
 /// of the policy word from each window's contention and hold times.
 pub struct AdaptivePolicy {
     config: AdaptiveConfig,
-    /// The latest park-cost measurement and when it was taken.
-    park_cost: Option<(u64, Instant)>,
     /// Window start per tag (index 0 unused).
     windows: Vec<Option<Window>>,
     next_tag: u8,
@@ -424,7 +532,6 @@ impl AdaptivePolicy {
     pub fn new(config: AdaptiveConfig) -> Self {
         Self {
             config,
-            park_cost: None,
             windows: (0..256).map(|_| None).collect(),
             next_tag: 0,
             decisions: 0,
@@ -441,20 +548,10 @@ impl AdaptivePolicy {
         self.next_tag
     }
 
-    /// The park cost in use: configured, or measured within
-    /// [`PARK_COST_TTL`].
-    pub fn park_cost_ns(&mut self) -> u64 {
-        if let Some(configured) = self.config.park_cost_ns {
-            return configured;
-        }
-        match self.park_cost {
-            Some((ns, at)) if at.elapsed() < PARK_COST_TTL => ns,
-            _ => {
-                let ns = measure_park_cost_ns();
-                self.park_cost = Some((ns, Instant::now()));
-                ns
-            }
-        }
+    /// The park cost in use: configured, or the process's shared
+    /// background measurement ([`shared_park_cost_ns`]). Never blocks.
+    pub fn park_cost_ns(&self) -> u64 {
+        self.config.park_cost_ns.unwrap_or_else(shared_park_cost_ns)
     }
 }
 
@@ -632,12 +729,42 @@ mod tests {
     }
 
     #[test]
-    fn park_cost_is_measured_and_cached() {
-        let mut p = AdaptivePolicy::default();
-        let cost = p.park_cost_ns();
-        assert!((100..10_000_000).contains(&cost), "{cost} ns");
-        assert_eq!(p.park_cost_ns(), cost, "cached for {PARK_COST_TTL:?}");
+    fn park_cost_is_measured_in_the_background_and_shared() {
+        let p = AdaptivePolicy::default();
+        // The first ask starts the measurement and answers at once.
+        let first = p.park_cost_ns();
+        let measured = crate::primitives::test_support::poll(Duration::from_secs(20), measured_park_cost_ns)
+            .expect("the background thread measures the park cost");
+        assert!(first == DEFAULT_PARK_COST_NS || first == measured, "{first}");
+        assert!((100..10_000_000).contains(&measured), "{measured} ns");
+        // Every policy uses the one measurement (until it goes stale).
+        assert_eq!(p.park_cost_ns(), measured);
+        assert_eq!(AdaptivePolicy::default().park_cost_ns(), measured);
         assert_eq!(AdaptivePolicy::new(config()).park_cost_ns(), PARK_COST);
+    }
+
+    /// A measurement that takes as long as the test says.
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+    fn slow_measure() -> u64 {
+        while !RELEASE.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        4321
+    }
+
+    #[test]
+    fn readers_never_wait_for_the_measurement() {
+        static SLOW: BackgroundMeasurement =
+            BackgroundMeasurement::new(slow_measure, Duration::from_secs(3600));
+        // While the measurement is blocked, readers get the default.
+        for _ in 0..3 {
+            assert_eq!(SLOW.get(), DEFAULT_PARK_COST_NS);
+        }
+        assert_eq!(SLOW.measured(), None);
+        RELEASE.store(true, Ordering::Release);
+        let value = crate::primitives::test_support::poll(Duration::from_secs(20), || SLOW.measured());
+        assert_eq!(value, Some(4321));
+        assert_eq!(SLOW.get(), 4321);
     }
 
     #[test]

@@ -751,6 +751,21 @@ pub(crate) mod test_support {
         }
     }
 
+    /// Polls `check` every millisecond until it returns `Some`, for at most
+    /// `timeout`.
+    pub(crate) fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(value) = check() {
+                return Some(value);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Ops, contended, misses and latency count per op kind.
     pub(crate) fn summarize(record: &InstanceRecord) -> Vec<(u16, u64, u64, u64, u64)> {
         record
