@@ -285,6 +285,14 @@ fn set_sched(probes: &mut Option<Probes>, state: Sched, pp: &PingPong) -> Option
     Some(())
 }
 
+/// Lets the work a change of probes leaves behind (maps and programs freed
+/// after an RCU grace period, JIT memory) finish before a measurement, then
+/// warms the ping-pong up.
+fn settle(pp: &mut PingPong) {
+    std::thread::sleep(Duration::from_millis(50));
+    pp.run(ROUND_TRIPS);
+}
+
 fn pingpong_layouts() -> Vec<(&'static str, usize)> {
     let mut layouts = vec![("same_cpu", 0)];
     if cpus_online() >= 2 {
@@ -484,22 +492,35 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
     for (layout, cpu) in pingpong_layouts() {
         let mut pp = PingPong::new(cpu);
         let per_rt = |d: Duration, iters: u64| d.as_nanos() as f64 / (iters * ROUND_TRIPS) as f64;
-        let iters = if quick { 5 } else { 20 };
+        // Across CPUs a round trip takes ~30× longer (idle wakeups): fewer
+        // iterations give each measurement a similar duration.
+        let iters = match (quick, cpu) {
+            (true, 0) => 5,
+            (false, 0) => 20,
+            (true, _) => 1,
+            (false, _) => 2,
+        };
         let mut base = Vec::new();
         // Per watched state: ratios to the unloaded run, events per round trip.
         let mut ratios: [Vec<f64>; 4] = Default::default();
         let mut events: [Vec<f64>; 4] = Default::default();
-        for _ in 0..rounds {
+        for round in 0..rounds {
             set_sched(probes, Sched::Unloaded, &pp);
-            pp.run(ROUND_TRIPS);
+            settle(&mut pp);
             let unloaded = per_rt(pp.time(iters, None), iters);
             base.push(unloaded);
-            for (i, state) in Sched::ALL[1..].iter().enumerate() {
+            // Each round starts the loaded states at another one, so that
+            // whatever follows a load (the kernel freeing the previous
+            // object's maps, cold caches) does not always fall on the same
+            // state.
+            for k in 0..ratios.len() {
+                let i = (round + k) % ratios.len();
+                let state = &Sched::ALL[1 + i];
                 if set_sched(probes, *state, &pp).is_none() {
                     eprintln!("pingpong_{layout}: {unloaded:.0} ns/round trip; probes unavailable");
                     return;
                 }
-                pp.run(ROUND_TRIPS);
+                settle(&mut pp);
                 drain(probes.as_mut().unwrap());
                 let losses = probes.as_ref().unwrap().losses();
                 pp.events = 0;
@@ -540,16 +561,25 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
     };
     let ring = full_ring();
     for pattern in PATTERNS {
-        let iters = if quick { 3 } else { 10 };
+        // Some 10 M pushes a measurement (3 M quick): a short one (a 100k
+        // storm takes ~0.1 ms) is at the mercy of a single interrupt.
+        let iters = ((if quick { 3_000_000 } else { 10_000_000 }) / pattern.pushes()).max(3);
         let (mut base, mut ratios) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            set_uprobes(p, false);
-            pattern.run(&ring);
-            let without = time_pattern(pattern, &ring, iters, Some(&mut *p));
-            set_uprobes(p, true);
-            pattern.run(&ring);
-            drain(p);
-            let with = time_pattern(pattern, &ring, iters, Some(&mut *p));
+        for round in 0..rounds {
+            let mut measure = |attached: bool| {
+                set_uprobes(p, attached);
+                pattern.run(&ring);
+                drain(p);
+                time_pattern(pattern, &ring, iters, Some(&mut *p))
+            };
+            // Alternate which goes first.
+            let (without, with) = if round % 2 == 0 {
+                let without = measure(false);
+                (without, measure(true))
+            } else {
+                let with = measure(true);
+                (measure(false), with)
+            };
             base.push(without.as_nanos() as f64 / iters as f64);
             ratios.push(without.as_secs_f64() / with.as_secs_f64());
         }

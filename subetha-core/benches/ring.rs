@@ -9,13 +9,19 @@
 //! |--------------------|-----------------------------------------------------------|
 //! | `push_room`        | [`BATCH`] pushes into an empty ring (drained untimed)     |
 //! | `push_full`        | [`BATCH`] pushes into a full ring (every one dropped)     |
-//! | `lossy_concurrent` | [`BATCH`] push attempts while a consumer thread drains    |
-//! | `lossless`         | [`BATCH`] items moved producer → consumer, retry on full  |
 //! | `drainer`          | one `Drainer::scan` of 8 full rings (8 × 4096 obs)        |
 //! | `observe`          | [`BATCH`] `Instance::observe` calls (drained untimed)     |
 //!
 //! Every group declares `Throughput::Elements`, so per-item figures are
-//! `mean / elements`. What criterion cannot express (drop fractions, whether
+//! `mean / elements`.
+//!
+//! The two-thread measurements are not criterion groups (see
+//! [`threaded_rows`] for why): `lossy_concurrent` (push attempts while a
+//! consumer thread drains) and `lossless` (items moved producer → consumer,
+//! the producer retrying on full) run in rounds that alternate between the
+//! implementations, and their medians and quartiles go to side files. A
+//! filter argument selects them by the same ids (`lossless/rtrb`; `|`
+//! separates alternatives, each matched as a substring). What criterion cannot express (drop fractions, whether
 //! threads were pinned) goes to small JSON files in `$SUBETHA_BENCH_OUT`
 //! (default `target/subetha-bench/`).
 //!
@@ -25,6 +31,7 @@
 //!
 //! `SUBETHA_BENCH_QUICK=1` shortens warm-up and measurement (CI smoke).
 
+use std::fmt::Write as _;
 use std::hint::{black_box, spin_loop};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use crossbeam_queue::ArrayQueue;
 use subetha_core::segment::{RingSlot, slot_state};
 use subetha_core::{
@@ -69,22 +76,30 @@ trait Cons: Send {
     fn pop_batch(&mut self, out: &mut [Observation]) -> usize;
 }
 
-impl Prod for Arc<ObservationRing> {
+/// Our ring placed as in a segment: every ring slot's ring starts on a
+/// 128-byte boundary, so `head` (byte 0) and `tail` (byte 64) share one
+/// 128-byte pair of lines, as they do in production. (A plain
+/// `Arc<ObservationRing>` lands 64 or 128 bytes into the allocation,
+/// depending on the allocator: two layouts from run to run.)
+#[repr(C, align(128))]
+struct SegmentPlaced(ObservationRing);
+
+impl Prod for Arc<SegmentPlaced> {
     #[inline(always)]
     fn push(&mut self, obs: Observation) -> bool {
-        ObservationRing::push(self, obs)
+        ObservationRing::push(&self.0, obs)
     }
 
     #[inline(always)]
     fn try_push(&mut self, obs: Observation) -> bool {
-        ObservationRing::try_push(self, obs).is_ok()
+        ObservationRing::try_push(&self.0, obs).is_ok()
     }
 }
 
-impl Cons for Arc<ObservationRing> {
+impl Cons for Arc<SegmentPlaced> {
     #[inline(always)]
     fn pop_batch(&mut self, out: &mut [Observation]) -> usize {
-        ObservationRing::pop_batch(self, out)
+        ObservationRing::pop_batch(&self.0, out)
     }
 }
 
@@ -128,8 +143,8 @@ impl Cons for Arc<ArrayQueue<Observation>> {
     }
 }
 
-fn subetha_pair() -> (Arc<ObservationRing>, Arc<ObservationRing>) {
-    let ring = Arc::new(ObservationRing::new());
+fn subetha_pair() -> (Arc<SegmentPlaced>, Arc<SegmentPlaced>) {
+    let ring = Arc::new(SegmentPlaced(ObservationRing::new()));
     (Arc::clone(&ring), ring)
 }
 
@@ -231,22 +246,13 @@ fn quick() -> bool {
     std::env::var_os("SUBETHA_BENCH_QUICK").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// Applies the run's timing to a group; `threaded` groups spawn threads per
-/// sample and use flat sampling with fewer, longer samples.
-fn configure(group: &mut BenchmarkGroup<'_, WallTime>, threaded: bool) {
-    let (warm_up, measure, samples) = match (quick(), threaded) {
-        (true, false) => (0.2, 0.6, 20),
-        (true, true) => (0.2, 0.6, 10),
-        (false, false) => (1.0, 3.0, 60),
-        (false, true) => (1.0, 3.0, 20),
-    };
+/// Applies the run's timing to a group.
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    let (warm_up, measure, samples) = if quick() { (0.2, 0.6, 20) } else { (1.0, 3.0, 60) };
     group
         .warm_up_time(Duration::from_secs_f64(warm_up))
         .measurement_time(Duration::from_secs_f64(measure))
         .sample_size(samples);
-    if threaded {
-        group.sampling_mode(SamplingMode::Flat);
-    }
 }
 
 /// CPUs this process may use, counted before any thread is pinned (a
@@ -310,7 +316,7 @@ fn write_side_file(name: &str, fields: &[(&str, String)]) {
 /// ring is emptied outside the timed region.
 fn push_room(c: &mut Criterion) {
     let mut group = c.benchmark_group("push_room");
-    configure(&mut group, false);
+    configure(&mut group);
     group.throughput(Throughput::Elements(BATCH as u64));
     for_each_ring!(|name, p, c| {
         let (mut p, mut c) = (p, c);
@@ -334,7 +340,7 @@ fn push_room(c: &mut Criterion) {
 /// The drop path: every push finds the ring full.
 fn push_full(c: &mut Criterion) {
     let mut group = c.benchmark_group("push_full");
-    configure(&mut group, false);
+    configure(&mut group);
     group.throughput(Throughput::Elements(BATCH as u64));
     for_each_ring!(|name, p, c| {
         let (mut p, _c) = (p, c);
@@ -354,116 +360,310 @@ fn push_full(c: &mut Criterion) {
 }
 
 // ---------------------------------------------------------------------------
-// (2) Lossy push while a consumer drains concurrently.
+// (2) and (3): the two-thread rows, in interleaved rounds.
+//
+// These are not criterion groups. On the 2-vCPU VMs this runs on, a
+// two-thread figure moves by ±30% over seconds (where the host puts the two
+// vCPUs, what else it runs), and it is bimodal: a lossy producer either
+// races a consumer that keeps the ring nearly empty (slow pushes, few
+// drops) or runs into a full ring (cheap drops, many of them). Criterion
+// measures one implementation for 4 s, then the next, always in the same
+// order, so a drift between those blocks lands on whichever ran in the bad
+// stretch. Here every implementation runs one round in turn, the order
+// rotating each round, and the table reports the median round with its
+// interquartile range: a drift hits all of them alike.
+//
+// Each round spawns the helper thread afresh (as criterion's samples did)
+// and lets both threads run `warm` items untimed before the clock starts,
+// so thread wake-up and vCPU wake-up are not measured. A round starts after
+// a quiet 100 ms (waiting at most 2 s) and is run again (up to 3 times) when
+// other processes used the CPUs during it: on two CPUs a compile next door
+// halves a two-thread figure.
 
-fn lossy_concurrent(c: &mut Criterion) {
-    let mut group = c.benchmark_group("lossy_concurrent");
-    configure(&mut group, true);
-    group.throughput(Throughput::Elements(BATCH as u64));
-    for_each_ring!(|name, p, c| {
-        let (mut p, mut c) = (p, c);
-        let (mut attempts, mut drops, mut pinned) = (0u64, 0u64, true);
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let n = iters as usize * BATCH;
-                let ready = AtomicBool::new(false);
-                let stop = AtomicBool::new(false);
-                let (elapsed, accepted, consumer_pinned) = std::thread::scope(|s| {
-                    let consumer = s.spawn(|| {
-                        let pinned = pin_to(HELPER_CPU);
-                        let mut buf = [Observation::ZERO; POP_BATCH];
-                        ready.store(true, Ordering::Release);
-                        loop {
-                            let got = c.pop_batch(&mut buf);
-                            if got == 0 {
-                                if stop.load(Ordering::Acquire) {
-                                    drain_all(&mut c);
-                                    return pinned;
-                                }
-                                spin_loop();
-                            } else {
-                                black_box(&buf[..got]);
-                            }
-                        }
-                    });
-                    while !ready.load(Ordering::Acquire) {
-                        spin_loop();
-                    }
-                    let start = Instant::now();
-                    let accepted = push_n(&mut p, n);
-                    let elapsed = start.elapsed();
-                    stop.store(true, Ordering::Release);
-                    (elapsed, accepted, consumer.join().expect("consumer thread"))
-                });
-                attempts += n as u64;
-                drops += (n - accepted) as u64;
-                pinned &= consumer_pinned;
-                elapsed
-            })
-        });
-        if attempts > 0 {
-            // (0 when filtered out.)
-            write_side_file(
-                &format!("lossy_concurrent-{name}"),
-                &[
-                    ("attempts", attempts.to_string()),
-                    ("drops", drops.to_string()),
-                    ("drop_fraction", format!("{:.6}", drops as f64 / attempts as f64)),
-                    ("pinned", pinned.to_string()),
-                ],
-            );
-        }
-    });
-    group.finish();
+/// Rounds per implementation and items per round.
+fn round_plan() -> (usize, usize, usize) {
+    // (rounds, timed items per round, untimed warm-up items per round)
+    if !std::env::args().any(|a| a == "--bench") {
+        (1, 1 << 16, 1 << 12) // `cargo test` smoke run
+    } else if quick() {
+        (5, 1 << 20, 1 << 16)
+    } else {
+        (15, 4 << 20, 1 << 18)
+    }
 }
 
-// ---------------------------------------------------------------------------
-// (3) Lossless producer → consumer throughput.
+/// A producer/consumer pair behind one object, so rounds can alternate
+/// between ring kinds. Each side is boxed on its own 128-byte-aligned
+/// block: rtrb keeps its cached indices in the `Producer` / `Consumer`
+/// values, and on the bench thread's stack they could share a cache line
+/// with each other or with the other thread's hot data (our ring keeps
+/// them in the ring itself).
+trait Pair {
+    /// `warm + n` lossy pushes while a consumer drains; returns the time and
+    /// the accepted count of the last `n`, and whether the consumer was
+    /// pinned.
+    fn lossy_round(&mut self, warm: usize, n: usize) -> (Duration, usize, bool);
+    /// Moves `warm + n` items producer → consumer, timing the last `n` at
+    /// the consumer; returns the time and whether the producer was pinned.
+    fn lossless_round(&mut self, warm: usize, n: usize) -> (Duration, bool);
+}
 
-fn lossless(c: &mut Criterion) {
-    let mut group = c.benchmark_group("lossless");
-    configure(&mut group, true);
-    group.throughput(Throughput::Elements(BATCH as u64));
-    for_each_ring!(|name, p, c| {
-        let (mut p, mut c) = (p, c);
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let n = iters as usize * BATCH;
-                let ready = AtomicBool::new(false);
-                let go = AtomicBool::new(false);
-                std::thread::scope(|s| {
-                    let producer = s.spawn(|| {
-                        pin_to(HELPER_CPU);
-                        ready.store(true, Ordering::Release);
-                        while !go.load(Ordering::Acquire) {
-                            spin_loop();
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct PairOf<P, C> {
+    p: Box<Padded<P>>,
+    c: Box<Padded<C>>,
+}
+
+fn boxed_pair<P: Prod + Send + 'static, C: Cons + 'static>((p, c): (P, C)) -> Box<dyn Pair> {
+    Box::new(PairOf {
+        p: Box::new(Padded(p)),
+        c: Box::new(Padded(c)),
+    })
+}
+
+impl<P: Prod + Send, C: Cons> Pair for PairOf<P, C> {
+    fn lossy_round(&mut self, warm: usize, n: usize) -> (Duration, usize, bool) {
+        let (p, c) = (&mut self.p.0, &mut self.c.0);
+        let ready = AtomicBool::new(false);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let consumer = s.spawn(|| {
+                let pinned = pin_to(HELPER_CPU);
+                let mut buf = [Observation::ZERO; POP_BATCH];
+                ready.store(true, Ordering::Release);
+                loop {
+                    let got = c.pop_batch(&mut buf);
+                    if got == 0 {
+                        if stop.load(Ordering::Acquire) {
+                            drain_all(c);
+                            return pinned;
                         }
-                        push_n_retrying(&mut p, n);
-                    });
-                    while !ready.load(Ordering::Acquire) {
                         spin_loop();
+                    } else {
+                        black_box(&buf[..got]);
                     }
-                    let mut buf = [Observation::ZERO; POP_BATCH];
-                    let mut received = 0;
-                    let start = Instant::now();
-                    go.store(true, Ordering::Release);
-                    while received < n {
-                        let got = c.pop_batch(&mut buf);
-                        if got == 0 {
-                            spin_loop();
-                        } else {
-                            black_box(&buf[..got]);
-                            received += got;
-                        }
+                }
+            });
+            while !ready.load(Ordering::Acquire) {
+                spin_loop();
+            }
+            push_n(p, warm);
+            let start = Instant::now();
+            let accepted = push_n(p, n);
+            let elapsed = start.elapsed();
+            stop.store(true, Ordering::Release);
+            (elapsed, accepted, consumer.join().expect("consumer thread"))
+        })
+    }
+
+    fn lossless_round(&mut self, warm: usize, n: usize) -> (Duration, bool) {
+        let (p, c) = (&mut self.p.0, &mut self.c.0);
+        let ready = AtomicBool::new(false);
+        let go = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let producer = s.spawn(|| {
+                let pinned = pin_to(HELPER_CPU);
+                ready.store(true, Ordering::Release);
+                while !go.load(Ordering::Acquire) {
+                    spin_loop();
+                }
+                push_n_retrying(p, warm + n);
+                pinned
+            });
+            while !ready.load(Ordering::Acquire) {
+                spin_loop();
+            }
+            let mut buf = [Observation::ZERO; POP_BATCH];
+            go.store(true, Ordering::Release);
+            // The producer pushes exactly `warm + n`: take the warm-up part
+            // exactly, then time the rest.
+            let mut receive = |count: usize| {
+                let mut received = 0;
+                while received < count {
+                    let got = c.pop_batch(&mut buf[..POP_BATCH.min(count - received)]);
+                    if got == 0 {
+                        spin_loop();
+                    } else {
+                        black_box(&buf[..got]);
+                        received += got;
                     }
-                    let elapsed = start.elapsed();
-                    producer.join().expect("producer thread");
-                    elapsed
-                })
-            })
-        });
-    });
-    group.finish();
+                }
+            };
+            receive(warm);
+            let start = Instant::now();
+            receive(n);
+            let elapsed = start.elapsed();
+            (elapsed, producer.join().expect("producer thread"))
+        })
+    }
+}
+
+/// CPU time (jiffies) used by all processes and by this one, from
+/// `/proc/stat` and `/proc/self/stat`; `None` where those are unreadable.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal: busy = all - idle - iowait
+    let busy = fields.iter().sum::<u64>() - fields.get(3)? - fields.get(4)?;
+    let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name: Vec<&str> = me.get(me.rfind(')')? + 2..)?.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the whole line.
+    let own = after_name.get(11)?.parse::<u64>().ok()? + after_name.get(12)?.parse::<u64>().ok()?;
+    Some((busy, own))
+}
+
+/// Jiffies other processes used between two `cpu_jiffies` readings.
+fn others_between(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> u64 {
+    match (before, after) {
+        (Some((b0, o0)), Some((b1, o1))) => (b1 - b0).saturating_sub(o1 - o0),
+        _ => 0,
+    }
+}
+
+/// Waits (at most `budget`) for a 100 ms stretch in which other processes
+/// used no CPU time worth a jiffy, so a round does not start amid a
+/// compile. Returns the time waited.
+fn wait_for_quiet(budget: Duration) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < budget {
+        let before = cpu_jiffies();
+        std::thread::sleep(Duration::from_millis(100));
+        if others_between(before, cpu_jiffies()) == 0 {
+            break;
+        }
+    }
+    start.elapsed()
+}
+
+/// Median and quartiles (nearest rank) of `values`.
+fn quartiles(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
+}
+
+/// The criterion-style filter (first free argument): runs `id` when there
+/// is none or `id` contains one of its `|`-separated alternatives.
+fn selected(id: &str) -> bool {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    filter.is_none_or(|f| f.split('|').any(|alt| id.contains(alt)))
+}
+
+fn threaded_rows() {
+    let (rounds, n, warm) = round_plan();
+    for (group, lossy) in [("lossy_concurrent", true), ("lossless", false)] {
+        let mut pairs: Vec<(&str, Box<dyn Pair>)> = Vec::new();
+        for name in ["subetha", "rtrb", "arrayqueue"] {
+            if !selected(&format!("{group}/{name}")) {
+                continue;
+            }
+            let pair = match name {
+                "subetha" => boxed_pair(subetha_pair()),
+                "rtrb" => boxed_pair(rtrb_pair()),
+                _ => boxed_pair(arrayqueue_pair()),
+            };
+            pairs.push((name, pair));
+        }
+        if pairs.is_empty() {
+            continue;
+        }
+        // Per implementation: ns per item and drop fraction of each round.
+        let mut ns = vec![Vec::new(); pairs.len()];
+        let mut fractions = vec![Vec::new(); pairs.len()];
+        let mut drops = vec![0u64; pairs.len()];
+        let mut pinned = true;
+        // Rounds during which other processes ran (others compile on these
+        // machines) are run again, up to `RETRIES` times each; what could
+        // not be run quietly is kept and counted.
+        const RETRIES: usize = 3;
+        let (mut rerun, mut disturbed, mut waited) = (0usize, 0usize, Duration::ZERO);
+        let smoke = rounds == 1;
+        for round in 0..rounds {
+            for k in 0..pairs.len() {
+                let i = (round + k) % pairs.len();
+                let pair = &mut pairs[i].1;
+                for attempt in 0..=RETRIES {
+                    if !smoke {
+                        waited += wait_for_quiet(Duration::from_secs(2));
+                    }
+                    let before = cpu_jiffies();
+                    let (elapsed, accepted, helper_pinned) = if lossy {
+                        pair.lossy_round(warm, n)
+                    } else {
+                        let (elapsed, helper_pinned) = pair.lossless_round(warm, n);
+                        (elapsed, n, helper_pinned)
+                    };
+                    let quiet = smoke || others_between(before, cpu_jiffies()) <= 1;
+                    if !quiet && attempt < RETRIES {
+                        rerun += 1;
+                        continue;
+                    }
+                    disturbed += usize::from(!quiet);
+                    ns[i].push(elapsed.as_nanos() as f64 / n as f64);
+                    fractions[i].push((n - accepted) as f64 / n as f64);
+                    drops[i] += (n - accepted) as u64;
+                    pinned &= helper_pinned;
+                    break;
+                }
+            }
+        }
+        println!(
+            "{group}: {rerun} rounds rerun because other processes ran, {disturbed} kept although \
+             disturbed; waited {:.1} s for quiet",
+            waited.as_secs_f64()
+        );
+        for (i, (name, _)) in pairs.iter().enumerate() {
+            let (median, q1, q3) = quartiles(&ns[i]);
+            let unit = if lossy { "ns/push" } else { "ns/item" };
+            let mut line = format!(
+                "{group}/{name}: median {median:.2} {unit} (IQR {q1:.2} .. {q3:.2}) over {rounds} rounds"
+            );
+            let mut fields = vec![
+                ("rounds", rounds.to_string()),
+                ("items_per_round", n.to_string()),
+                ("ns_per_item", format!("{median:.6}")),
+                ("ns_per_item_q1", format!("{q1:.6}")),
+                ("ns_per_item_q3", format!("{q3:.6}")),
+                ("pinned", pinned.to_string()),
+                ("rounds_rerun", rerun.to_string()),
+                ("rounds_disturbed", disturbed.to_string()),
+            ];
+            if lossy {
+                let (f, f1, f3) = quartiles(&fractions[i]);
+                let _ = write!(
+                    line,
+                    "; dropped median {:.2}% (IQR {:.2} .. {:.2})",
+                    f * 100.0,
+                    f1 * 100.0,
+                    f3 * 100.0
+                );
+                let attempts = (rounds * n) as u64;
+                fields.extend([
+                    ("attempts", attempts.to_string()),
+                    ("drops", drops[i].to_string()),
+                    ("drop_fraction", format!("{f:.6}")),
+                    ("drop_fraction_q1", format!("{f1:.6}")),
+                    ("drop_fraction_q3", format!("{f3:.6}")),
+                    (
+                        "drop_fraction_overall",
+                        format!("{:.6}", drops[i] as f64 / attempts as f64),
+                    ),
+                ]);
+            }
+            println!("{line}");
+            write_side_file(&format!("{group}-{name}"), &fields);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -563,7 +763,7 @@ fn drainer(c: &mut Criterion) {
     assert_eq!(drainer.scan().drained, per_scan);
 
     let mut group = c.benchmark_group("drainer");
-    configure(&mut group, false);
+    configure(&mut group);
     group.throughput(Throughput::Elements(per_scan));
     let timed_scan = |drainer: &mut Drainer<&SegmentView>| {
         let start = Instant::now();
@@ -655,7 +855,7 @@ fn observe(c: &mut Criterion) {
     empty();
 
     let mut group = c.benchmark_group("observe");
-    configure(&mut group, false);
+    configure(&mut group);
     group.throughput(Throughput::Elements(BATCH as u64));
     group.bench_function("subetha", |b| {
         b.iter_custom(|iters| {
@@ -697,6 +897,8 @@ fn main() {
             ("batch", BATCH.to_string()),
             ("pop_batch", POP_BATCH.to_string()),
             ("quick", quick().to_string()),
+            ("threaded_rounds", round_plan().0.to_string()),
+            ("threaded_items_per_round", round_plan().1.to_string()),
         ],
     );
     let mut criterion = Criterion::default();
@@ -707,8 +909,7 @@ fn main() {
     push_room(&mut criterion);
     push_full(&mut criterion);
     observe(&mut criterion);
-    lossy_concurrent(&mut criterion);
-    lossless(&mut criterion);
+    threaded_rows();
     drainer(&mut criterion);
     criterion.final_summary();
 }

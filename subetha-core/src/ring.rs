@@ -34,12 +34,26 @@
 //! already released by the consumer; it can only under-estimate free space.
 //! This saves the cross-core cache miss on `head` for 4095 of 4096 pushes.
 //!
+//! While a drop episode is open, `cached_head` holds a marker instead,
+//! `tail - (CAPACITY + 1)`: older than any real head, so it reports no slot
+//! free and sends every push to the slow path, where a drop recognises the
+//! open episode from the marker (no extra load on the drop path) and the
+//! first successful push closes the episode. The fast path has no episode
+//! test at all.
+//!
+//! The consumer likewise keeps `cached_tail` (a `tail` it loaded with
+//! `Acquire`, so every slot it covers is published) and reads the
+//! producer's line only when that copy does not cover the batch it wants.
+//! It stores the copy with `Release` and loads it with `Acquire`, so a
+//! consumer that takes over the role from another inherits the guarantee.
+//!
 //! # Layout
 //!
-//! `head` is alone on cache line 0 with room for consumer-owned extras;
-//! `tail` starts cache line 1 followed by the producer-owned extras (cached
-//! head, drop counter, episode state), and the 4096 slots start at byte 128:
-//! each side writes only its own line, so they never false-share.
+//! `head` starts cache line 0, followed by the consumer-owned extras
+//! (`cached_tail`); `tail` starts cache line 1, followed by the
+//! producer-owned extras (cached head, drop counter, episode state), and the
+//! 4096 slots start at byte 128: each side writes only its own line, so they
+//! never false-share.
 
 use crate::clock;
 use crate::hooks;
@@ -54,6 +68,10 @@ const CAPACITY: usize = 4096;
 const CAPACITY: usize = 4;
 
 const INDEX_MASK: u32 = (CAPACITY as u32) - 1;
+
+/// `tail - cached_head` while a drop episode is open: one more than a full
+/// ring can ever be (see [`ObservationRing::begin_episode`]).
+const EPISODE_MARK: u32 = CAPACITY as u32 + 1;
 const _: () = assert!(CAPACITY.is_power_of_two() && CAPACITY <= 1 << 31);
 
 /// A fixed-capacity, lossy, single-producer single-consumer ring of
@@ -62,7 +80,8 @@ const _: () = assert!(CAPACITY.is_power_of_two() && CAPACITY <= 1 << 31);
 pub struct ObservationRing {
     // Cache line 0: written by the consumer only.
     head: AtomicU32,
-    _pad0: [u8; 60],
+    cached_tail: AtomicU32,
+    _pad0: [u8; 56],
     // Cache line 1: written by the producer only.
     tail: AtomicU32,
     cached_head: AtomicU32,
@@ -132,7 +151,8 @@ impl ObservationRing {
     pub const fn new() -> Self {
         Self {
             head: AtomicU32::new(0),
-            _pad0: [0; 60],
+            cached_tail: AtomicU32::new(0),
+            _pad0: [0; 56],
             tail: AtomicU32::new(0),
             cached_head: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
@@ -152,7 +172,8 @@ impl ObservationRing {
     pub fn new() -> Self {
         Self {
             head: AtomicU32::new(0),
-            _pad0: [0; 60],
+            cached_tail: AtomicU32::new(0),
+            _pad0: [0; 56],
             tail: AtomicU32::new(0),
             cached_head: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
@@ -184,17 +205,20 @@ impl ObservationRing {
     #[inline]
     pub(crate) fn push_stamped(&self, obs: Observation) -> bool {
         match self.reserve() {
-            Some(tail) => {
+            Ok(tail) => {
                 self.publish(tail, obs);
                 true
             }
-            None => {
+            Err(ahead) => {
                 // Counted inline (a plain load + store: the producer is the
-                // only writer, so no LOCK-prefixed read-modify-write); only
-                // the first drop of an episode leaves the hot path.
+                // only writer, so no LOCK-prefixed read-modify-write).
                 let dropped = self.dropped.owner_load();
                 self.dropped.store(dropped + 1, Ordering::Relaxed);
-                if self.in_episode.owner_load() == 0 {
+                // The one episode test on the drop path, on a value already
+                // in a register: inside an episode `cached_head` holds the
+                // marker `tail - (CAPACITY + 1)` (see `begin_episode`). Only
+                // the first drop of an episode leaves the hot path.
+                if ahead != EPISODE_MARK {
                     self.begin_episode(obs.instance_id, dropped);
                 }
                 false
@@ -211,38 +235,55 @@ impl ObservationRing {
             obs.producer_thread_id = thread_id();
         }
         match self.reserve() {
-            Some(tail) => {
+            Ok(tail) => {
                 self.publish(tail, obs);
                 Ok(())
             }
-            None => Err(obs),
+            Err(_) => Err(obs),
         }
     }
 
-    /// The producer's next free index, or `None` when the ring is full.
+    /// The producer's next free index, or, when the ring is full, how far
+    /// `tail` is ahead of `cached_head` (`EPISODE_MARK` inside a drop
+    /// episode).
     #[inline(always)]
-    fn reserve(&self) -> Option<u32> {
+    fn reserve(&self) -> Result<u32, u32> {
         // The producer is the only writer of `tail` and `cached_head`.
         let tail = self.tail.owner_load();
-        if tail.wrapping_sub(self.cached_head.owner_load()) >= CAPACITY as u32 {
-            // Acquire: pairs with the consumer's Release of `head`, so its
-            // copies out of the slots we are about to reuse are complete.
-            let head = self.head.load(Ordering::Acquire);
-            self.cached_head.store(head, Ordering::Relaxed);
-            if tail.wrapping_sub(head) >= CAPACITY as u32 {
-                return None;
-            }
+        let ahead = tail.wrapping_sub(self.cached_head.owner_load());
+        if ahead >= CAPACITY as u32 {
+            return self.reserve_slow(tail, ahead);
         }
-        Some(tail)
+        Ok(tail)
+    }
+
+    /// `reserve` when the cached head says full (once per `CAPACITY` pushes
+    /// while the consumer keeps up, and on every drop): refresh the head.
+    /// Inlined into the push paths: the drop path runs through here.
+    #[inline(always)]
+    fn reserve_slow(&self, tail: u32, ahead: u32) -> Result<u32, u32> {
+        // Acquire: pairs with the consumer's Release of `head`, so its
+        // copies out of the slots we are about to reuse are complete.
+        let head = self.head.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) >= CAPACITY as u32 {
+            // Really full. Nothing to refresh: `cached_head` is either the
+            // current head (a full ring is exactly CAPACITY ahead of both)
+            // or the episode marker, which must stay until a push succeeds.
+            return Err(ahead);
+        }
+        if ahead == EPISODE_MARK {
+            // The first successful push after drops: close the episode
+            // here, off the fast path (the marker routes it through here).
+            self.end_episode();
+        }
+        self.cached_head.store(head, Ordering::Relaxed);
+        Ok(tail)
     }
 
     /// Writes `obs` at `tail` (from [`reserve`](Self::reserve)) and
     /// publishes it.
     #[inline(always)]
     fn publish(&self, tail: u32, obs: Observation) {
-        if self.in_episode.owner_load() != 0 {
-            self.end_episode();
-        }
         self.buf[(tail & INDEX_MASK) as usize].with_mut(|slot| {
             // SAFETY: `reserve` saw `tail - head < CAPACITY`, so slot `tail`
             // is outside the consumer's readable range `[head, tail)` and, by
@@ -259,6 +300,20 @@ impl ObservationRing {
     #[cold]
     #[inline(never)]
     fn begin_episode(&self, instance_id: u32, dropped_before: u64) {
+        // Park `cached_head` on the marker: `tail - marker` is CAPACITY + 1,
+        // so every push goes through `reserve_slow`, where later drops see
+        // they are inside this episode and the first success closes it. The
+        // marker is older than any real head, so it never reports a slot
+        // free (an under-estimate, like every cached head).
+        let tail = self.tail.owner_load();
+        self.cached_head
+            .store(tail.wrapping_sub(EPISODE_MARK), Ordering::Relaxed);
+        if self.in_episode.owner_load() != 0 {
+            // Already open: `cached_head` was not the marker, which only a
+            // corrupt or hand-edited ring does. Re-arm the marker, but fire
+            // no second `drop_begin` for the same episode.
+            return;
+        }
         self.episode_begin_ticks.store(clock::ticks(), Ordering::Relaxed);
         self.episode_begin_dropped
             .store(dropped_before, Ordering::Relaxed);
@@ -270,10 +325,15 @@ impl ObservationRing {
         hooks::subetha_drop_begin(self as *const Self as usize, instance_id, dropped_before + 1);
     }
 
-    /// Closes the open drop episode. Producer only.
+    /// Closes the open drop episode, if one is open (the marker and the
+    /// flag agree unless the ring was corrupted; the flag decides). The
+    /// caller refreshes `cached_head` afterwards. Producer only.
     #[cold]
     #[inline(never)]
     fn end_episode(&self) {
+        if self.in_episode.owner_load() == 0 {
+            return;
+        }
         self.episode_end_ticks.store(clock::ticks(), Ordering::Relaxed);
         // Release: a consumer that sees the episode closed sees its end time.
         self.in_episode.store(0, Ordering::Release);
@@ -289,6 +349,9 @@ impl ObservationRing {
     pub fn close_episode(&self) {
         if self.in_episode.owner_load() != 0 {
             self.end_episode();
+            // Leave the marker: a real (Acquire-loaded) head again.
+            let head = self.head.load(Ordering::Acquire);
+            self.cached_head.store(head, Ordering::Relaxed);
         }
     }
 
@@ -315,20 +378,45 @@ impl ObservationRing {
 
     /// Consumer: [`pop_batch`](Self::pop_batch) that reports a corrupt ring
     /// (`tail - head > CAPACITY`) instead of treating it as empty. It reads
-    /// `tail` once, copies the batch out, and publishes `head` once.
+    /// `tail` at most once (not at all when the consumer's cached copy
+    /// already covers `out`), copies the batch out (at most two copies), and
+    /// publishes `head` once.
     #[inline]
     pub fn try_pop_batch(&self, out: &mut [Observation]) -> Result<usize, RingCorrupt> {
         // The consumer is the only writer of `head`.
         let head = self.head.owner_load();
-        // Acquire: pairs with the producer's Release of `tail`, so the slots
-        // in `[head, tail)` hold the observations it wrote.
-        let tail = self.tail.load(Ordering::Acquire);
-        let available = tail.wrapping_sub(head);
-        if available > CAPACITY as u32 {
-            return Err(RingCorrupt { head, tail });
+        // First the consumer's own copy of `tail` (line 0): when it already
+        // covers the whole batch, the producer's line is not touched at all.
+        // Acquire: pairs with the Release below, possibly by an earlier
+        // consumer (the role is handed over): whoever stored it had loaded
+        // `tail` with Acquire, so the slots it covers are published to us.
+        let cached = self.cached_tail.load(Ordering::Acquire);
+        let mut available = cached.wrapping_sub(head);
+        let mut fresh = None;
+        if available < out.len() as u32 || available > CAPACITY as u32 {
+            // Acquire: pairs with the producer's Release of `tail`, so the
+            // slots in `[head, tail)` hold the observations it wrote.
+            let tail = self.tail.load(Ordering::Acquire);
+            available = tail.wrapping_sub(head);
+            if available > CAPACITY as u32 {
+                return Err(RingCorrupt { head, tail });
+            }
+            if tail != cached {
+                fresh = Some(tail);
+            }
         }
         let count = out.len().min(available as usize);
         self.copy_out(head, &mut out[..count]);
+        if let Some(tail) = fresh {
+            // Stored next to `head`, after the copy: both stores go to line
+            // 0 back to back, so a producer reading `head` meanwhile costs
+            // one transfer of the line, not two. Stored before `head`
+            // advances, so `head <= cached_tail <= tail` holds at every
+            // instant (a crash between the stores leaves a valid copy).
+            // Release: passes the Acquire above on to a later consumer that
+            // trusts this copy (see the load above).
+            self.cached_tail.store(tail, Ordering::Release);
+        }
         if count > 0 {
             // Release: the copies above finish before the producer may reuse
             // the slots.
@@ -446,6 +534,8 @@ mod tests {
         assert_eq!(offset_of!(ObservationRing, head), 0);
         assert_eq!(offset_of!(ObservationRing, tail), 64);
         assert_eq!(offset_of!(ObservationRing, buf), 128);
+        // Consumer extras stay on the consumer's line.
+        assert!((4..64).contains(&offset_of!(ObservationRing, cached_tail)));
         // Producer extras stay on the producer's line.
         for offset in [
             offset_of!(ObservationRing, cached_head),
@@ -528,6 +618,81 @@ mod tests {
         );
     }
 
+    /// The episode marker in `cached_head`: later drops stay in the episode,
+    /// a successful `try_push` closes it, `close_episode` leaves it, and a
+    /// ring with an episode closed by either pushes normally again.
+    #[test]
+    fn episode_marker_edges() {
+        let ring = Box::<ObservationRing>::default();
+        let fill = |ring: &ObservationRing| {
+            while ring.try_push(Observation::new(1, 1, 0, 0)).is_ok() {}
+        };
+        fill(&ring);
+        assert!(!ring.push(Observation::new(1, 1, 0, 0)));
+        assert_eq!(ring.producer_counters().episodes, 1);
+        // Still full: try_push neither counts nor closes.
+        assert!(ring.try_push(Observation::new(1, 1, 0, 0)).is_err());
+        assert!(ring.producer_counters().in_episode);
+        assert!(ring.pop().is_some());
+        assert!(ring.try_push(Observation::new(1, 1, 0, 0)).is_ok());
+        let closed = ring.producer_counters();
+        assert_eq!(
+            (closed.episodes, closed.in_episode, closed.dropped),
+            (1, false, 1)
+        );
+        // Second episode, closed by the owning thread's exit.
+        for _ in 0..3 {
+            assert!(!ring.push(Observation::new(2, 1, 0, 0)));
+        }
+        ring.close_episode();
+        let exited = ring.producer_counters();
+        assert_eq!(
+            (exited.episodes, exited.in_episode, exited.dropped),
+            (2, false, 4)
+        );
+        ring.close_episode();
+        assert_eq!(ring.producer_counters().episodes, 2, "no second close");
+        // Room again: pushes succeed and open no episode; a full ring opens
+        // the third.
+        let mut out = vec![Observation::ZERO; 100];
+        assert_eq!(ring.pop_batch(&mut out), 100);
+        for _ in 0..100 {
+            assert!(ring.push(Observation::new(3, 1, 0, 0)));
+        }
+        assert!(!ring.push(Observation::new(3, 1, 0, 0)));
+        let third = ring.producer_counters();
+        assert_eq!((third.episodes, third.in_episode, third.dropped), (3, true, 5));
+    }
+
+    /// The consumer's cached tail: a batch it covers does not need the
+    /// producer's line, and it never hands out more than was published.
+    #[test]
+    fn cached_tail_never_runs_ahead() {
+        let ring = Box::<ObservationRing>::default();
+        for i in 0..10 {
+            assert!(ring.push(Observation::new(i, 1, 0, 0)));
+        }
+        let mut two = [Observation::ZERO; 2];
+        assert_eq!(ring.pop_batch(&mut two), 2);
+        assert_eq!(ring.cached_tail.load(Ordering::Relaxed), 10);
+        for i in 10..20 {
+            assert!(ring.push(Observation::new(i, 1, 0, 0)));
+        }
+        // Covered by the cached copy (8 left of 10): served without a reload.
+        let mut eight = [Observation::ZERO; 8];
+        assert_eq!(ring.pop_batch(&mut eight), 8);
+        assert_eq!(ring.cached_tail.load(Ordering::Relaxed), 10);
+        assert_eq!(eight[7].instance_id, 9);
+        // Not covered: reloads and sees the rest.
+        let mut many = [Observation::ZERO; 64];
+        assert_eq!(ring.pop_batch(&mut many), 10);
+        assert_eq!(many[0].instance_id, 10);
+        assert_eq!(ring.pop_batch(&mut many), 0);
+        // A hostile cached copy more than CAPACITY ahead is not trusted.
+        ring.cached_tail.store(20 + 5000, Ordering::Relaxed);
+        assert_eq!(ring.pop_batch(&mut two), 0);
+    }
+
     #[test]
     fn try_push_hands_back_without_counting_a_drop() {
         let ring = Box::<ObservationRing>::default();
@@ -561,6 +726,7 @@ mod tests {
         ring.head.store(start, Ordering::Relaxed);
         ring.tail.store(start, Ordering::Relaxed);
         ring.cached_head.store(start, Ordering::Relaxed);
+        ring.cached_tail.store(start, Ordering::Relaxed);
         for i in 0..100 {
             assert!(ring.push(Observation::new(i, 1, 0, 0)));
         }
@@ -670,6 +836,12 @@ mod loom_tests {
             }
             assert_eq!(seen.len() as u64, pushed);
             assert_eq!(pushed + ring.dropped(), 6);
+            // Episodes are runs of drops (the marker in `cached_head` and
+            // the consumer's `cached_tail` in every interleaving): at least
+            // one if anything dropped, never more than the drops.
+            let counters = ring.producer_counters();
+            assert_eq!(counters.episodes > 0, counters.dropped > 0);
+            assert!(u64::from(counters.episodes) <= counters.dropped);
             assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
             assert!(
                 seen.iter()
@@ -703,6 +875,9 @@ mod loom_tests {
             }
             assert_eq!(seen.len() as u64, pushed);
             assert_eq!(pushed + ring.dropped(), 7);
+            let counters = ring.producer_counters();
+            assert_eq!(counters.episodes > 0, counters.dropped > 0);
+            assert!(u64::from(counters.episodes) <= counters.dropped);
             assert!(seen.windows(2).all(|w| w[0].instance_id < w[1].instance_id));
             assert!(
                 seen.iter()

@@ -181,6 +181,17 @@ impl Results {
         self.side.get(file)?.get(field)?.as_f64()
     }
 
+    /// A median with its quartiles (`<field>`, `<field>_q1`, `<field>_q3`)
+    /// from a side file, as an estimate whose interval is the IQR.
+    fn side_estimate(&self, file: &str, field: &str) -> Option<Estimate> {
+        let median = self.side_f64(file, field)?;
+        Some(Estimate {
+            ns: median,
+            low: self.side_f64(file, &format!("{field}_q1")).unwrap_or(median),
+            high: self.side_f64(file, &format!("{field}_q3")).unwrap_or(median),
+        })
+    }
+
     fn side_bool(&self, file: &str, field: &str) -> Option<bool> {
         self.side.get(file)?.get(field)?.as_bool()
     }
@@ -310,17 +321,32 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
         Better::Lower,
         2,
     ));
+    // The two-thread rows: medians of interleaved rounds (side files), or
+    // criterion's estimates from an older bench.
+    let rounds = |group: &str| {
+        IMPLS.map(|name| {
+            results
+                .side_estimate(&format!("{group}-{name}"), "ns_per_item")
+                .or_else(|| results.get(group, name))
+        })
+    };
     rows.push(Row::versus_rtrb(
         "2a push, consumer draining (lossy)",
         "ns/push",
-        per_impl("lossy_concurrent"),
+        rounds("lossy_concurrent"),
         Better::Lower,
         2,
     ));
     let drop_fraction = IMPLS.map(|name| {
+        let file = format!("lossy_concurrent-{name}");
         results
-            .side_f64(&format!("lossy_concurrent-{name}"), "drop_fraction")
-            .map(|f| exact(f * 100.0))
+            .side_estimate(&file, "drop_fraction")
+            .or_else(|| results.side_f64(&file, "drop_fraction").map(exact))
+            .map(|f| Estimate {
+                ns: f.ns * 100.0,
+                low: f.low * 100.0,
+                high: f.high * 100.0,
+            })
     });
     rows.push(Row::versus_rtrb(
         "2b   dropped in 2a",
@@ -332,7 +358,7 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
     rows.push(Row::versus_rtrb(
         "3  lossless producer→consumer",
         "M obs/s",
-        per_impl("lossless").map(rate),
+        rounds("lossless").map(rate),
         Better::Higher,
         1,
     ));
@@ -450,7 +476,9 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
         out,
         "Per-item figures are criterion's mean per iteration divided by the items per iteration; \
          \"CIs overlap\": the 95% confidence intervals of subetha and rtrb overlap, so the \
-         difference is within this run's noise. 2b counts push attempts the ring refused \
+         difference is within this run's noise. Rows 2a, 2b and 3 are the median of rounds that \
+         alternate between the implementations (order rotating each round), and their interval \
+         is the interquartile range of the rounds. 2b counts push attempts the ring refused \
          (subetha: push returned false; rtrb, ArrayQueue: push returned Err)."
     );
     out
@@ -556,9 +584,16 @@ fn setup_info(results: &Results, quick: bool) -> String {
     } else {
         "full (1 s warm-up, 3 s measurement per benchmark)"
     };
+    let rounds = match (
+        results.side_f64("meta", "threaded_rounds"),
+        results.side_f64("meta", "threaded_items_per_round"),
+    ) {
+        (Some(r), Some(n)) => format!("; two-thread rows: {r} interleaved rounds of {n} items each"),
+        _ => String::new(),
+    };
     format!(
         "setup:   {pinning}\n         payload: 24-byte Observation in every ring; capacity 4096; \
          1024 pushes per timed batch; consumers copy out 256 at a time\n\
-         mode:    {mode}"
+         mode:    {mode}{rounds}"
     )
 }
