@@ -109,6 +109,21 @@ pub mod global {
     /// accounted, which at `sched_switch` is "now" for `next` (just picked)
     /// and for `prev` (just accounted).
     pub const TASK_EXEC_START_OFFSET: &str = "SUBETHA_TASK_EXEC_START_OFFSET";
+    /// `u32`: offset of `sched_info.run_delay` (`u64`, ns a task waited on
+    /// runqueues, updated when it gets a CPU or leaves a runqueue) in
+    /// `task_struct`.
+    pub const TASK_RUN_DELAY_OFFSET: &str = "SUBETHA_TASK_RUN_DELAY_OFFSET";
+    /// `u32`: offset of `sched_info.last_queued` (`u64`, the runqueue clock
+    /// when it was queued; 0 while running or asleep) in `task_struct`.
+    pub const TASK_LAST_QUEUED_OFFSET: &str = "SUBETHA_TASK_LAST_QUEUED_OFFSET";
+    /// `u32`: offset of `se.cfs_rq` (a pointer to the task's CFS runqueue)
+    /// in `task_struct`.
+    pub const TASK_CFS_RQ_OFFSET: &str = "SUBETHA_TASK_CFS_RQ_OFFSET";
+    /// `u32`: offset of `rq` (a pointer to the CPU's runqueue) in `cfs_rq`.
+    pub const CFS_RQ_RQ_OFFSET: &str = "SUBETHA_CFS_RQ_RQ_OFFSET";
+    /// `u32`: offset of `clock` (`u64`, the runqueue clock that
+    /// `sched_info` uses) in `rq`.
+    pub const RQ_CLOCK_OFFSET: &str = "SUBETHA_RQ_CLOCK_OFFSET";
 }
 
 /// The eBPF programs, by the name aya knows them (at most 15 bytes: the
@@ -130,12 +145,10 @@ pub mod program {
     pub const SCHED_WAKEUP_NEW: &str = "tp_wakeup_new";
     /// tracepoint `sched/sched_migrate_task`.
     pub const SCHED_MIGRATE: &str = "tp_migrate_task";
-    /// BTF tracepoint (`tp_btf`) `sched_switch`.
+    /// BTF tracepoint (`tp_btf`) `sched_switch`. It reads a woken thread's
+    /// runqueue wait from its `sched_info`, so with it no wakeup
+    /// tracepoint is attached.
     pub const BTF_SCHED_SWITCH: &str = "bt_sched_switch";
-    /// BTF tracepoint `sched_wakeup`.
-    pub const BTF_SCHED_WAKEUP: &str = "bt_sched_wakeup";
-    /// BTF tracepoint `sched_wakeup_new`.
-    pub const BTF_SCHED_WAKEUP_NEW: &str = "bt_wakeup_new";
     /// BTF tracepoint `sched_migrate_task`.
     pub const BTF_SCHED_MIGRATE: &str = "bt_migrate_task";
 
@@ -149,19 +162,20 @@ pub mod program {
     ];
 
     /// The scheduler tracepoints: `(BTF program, classic program,
-    /// category, name)`. The BTF program (a raw tracepoint: no record is
-    /// formatted for it) is preferred; the classic one is the fallback on a
-    /// kernel without BTF.
-    pub const TRACEPOINTS: [(&str, &str, &str, &str); 4] = [
-        (BTF_SCHED_SWITCH, SCHED_SWITCH, "sched", "sched_switch"),
-        (BTF_SCHED_WAKEUP, SCHED_WAKEUP, "sched", "sched_wakeup"),
+    /// category, name)`. The BTF programs (raw tracepoints: no record is
+    /// formatted for them) are preferred; the classic ones are the fallback
+    /// on a kernel without BTF. The wakeup tracepoints have no BTF program:
+    /// they are attached only with the classic `sched_switch`.
+    pub const TRACEPOINTS: [(Option<&str>, &str, &str, &str); 4] = [
+        (Some(BTF_SCHED_SWITCH), SCHED_SWITCH, "sched", "sched_switch"),
+        (None, SCHED_WAKEUP, "sched", "sched_wakeup"),
+        (None, SCHED_WAKEUP_NEW, "sched", "sched_wakeup_new"),
         (
-            BTF_SCHED_WAKEUP_NEW,
-            SCHED_WAKEUP_NEW,
+            Some(BTF_SCHED_MIGRATE),
+            SCHED_MIGRATE,
             "sched",
-            "sched_wakeup_new",
+            "sched_migrate_task",
         ),
-        (BTF_SCHED_MIGRATE, SCHED_MIGRATE, "sched", "sched_migrate_task"),
     ];
 }
 
@@ -317,6 +331,11 @@ pub struct TaskState {
     pub _reserved: u32,
     /// That task's name.
     pub replaced_by_comm: [u8; COMM_LEN],
+    /// Its `sched_info.run_delay` at switch-out (BTF programs): the
+    /// runqueue wait it accumulates while away (a migration settles part of
+    /// it early) is what this grows by, plus the wait still open at
+    /// switch-in.
+    pub run_delay_out: u64,
 }
 
 /// A watched thread (a slot of [`WATCHED_MAP`]).
@@ -440,8 +459,8 @@ const _: () = {
     assert!(size_of::<HookEvent>() == 48);
     assert!(size_of::<OffCpuEvent>() == 96);
     assert!(size_of::<MigrateEvent>() == 32);
-    assert!(size_of::<TaskState>() == 56);
-    assert!(size_of::<WatchedTask>() == 72);
+    assert!(size_of::<TaskState>() == 64);
+    assert!(size_of::<WatchedTask>() == 80);
     assert!(size_of::<OffCpuFilter>() == 32);
     assert!(size_of::<CpuRun>() == 48);
     assert!(size_of::<SchedConfig>() == 56);

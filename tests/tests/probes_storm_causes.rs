@@ -488,7 +488,11 @@ fn stage_with(
     if probes == ProbeMode::On {
         let snapshot = agent.snapshot().expect("snapshot");
         assert!(
-            snapshot.agent.probes.starts_with("on: 4/4 sched tracepoints"),
+            snapshot
+                .agent
+                .probes
+                .starts_with("on: 2/2 sched tracepoints (tp_btf)")
+                || snapshot.agent.probes.starts_with("on: 4/4 sched tracepoints"),
             "{test}: probes not fully on: {:?}{}",
             snapshot.agent.probes,
             agent.log()

@@ -2,7 +2,8 @@
 //! kernel's BTF (`/sys/kernel/btf/vmlinux`).
 //!
 //! The BTF tracepoints get `task_struct` pointers and load `pid`, `comm`,
-//! `cpu` and `se.exec_start` directly; the offsets differ between kernel builds, so they are
+//! `cpu`, `se.exec_start` and `sched_info`'s runqueue wait directly (and
+//! the runqueue clock through `se.cfs_rq->rq->clock`); the offsets differ between kernel builds, so they are
 //! looked up here at load time and handed to the programs as read-only
 //! globals. Only what that needs is parsed: the type section's records (to
 //! step over every kind), structs and unions with their members, and the
@@ -33,6 +34,16 @@ pub struct TaskOffsets {
     /// `se.exec_start` (`u64`): the runqueue task clock when the task was
     /// last picked or accounted.
     pub exec_start: u32,
+    /// `sched_info.run_delay` (`u64`): ns waited on runqueues so far.
+    pub run_delay: u32,
+    /// `sched_info.last_queued` (`u64`): the runqueue clock when queued.
+    pub last_queued: u32,
+    /// `se.cfs_rq` (pointer).
+    pub cfs_rq: u32,
+    /// `rq` in `struct cfs_rq` (pointer).
+    pub cfs_rq_rq: u32,
+    /// `clock` in `struct rq` (`u64`).
+    pub rq_clock: u32,
 }
 
 impl TaskOffsets {
@@ -60,11 +71,21 @@ impl TaskOffsets {
                 .map_err(|_| direct)
         })?;
         let exec_start = btf.field_offset(task, &["se", "exec_start"], 8)?;
+        let run_delay = btf.field_offset(task, &["sched_info", "run_delay"], 8)?;
+        let last_queued = btf.field_offset(task, &["sched_info", "last_queued"], 8)?;
+        let cfs_rq = btf.field_offset(task, &["se", "cfs_rq"], 8)?;
+        let cfs_rq_rq = btf.field_offset(btf.struct_by_name("cfs_rq")?, &["rq"], 8)?;
+        let rq_clock = btf.field_offset(btf.struct_by_name("rq")?, &["clock"], 8)?;
         Ok(TaskOffsets {
             pid,
             comm,
             cpu,
             exec_start,
+            run_delay,
+            last_queued,
+            cfs_rq,
+            cfs_rq_rq,
+            rq_clock,
         })
     }
 }
@@ -281,13 +302,14 @@ impl<'a> Btf<'a> {
     /// previous one is) in struct `id`, checking it is `size` bytes.
     fn field_offset(&self, id: u32, path: &[&str], size: u32) -> Result<u32, String> {
         let dotted = path.join(".");
+        let owner = self.name(self.record(id)?.name_off)?;
         let mut container = id;
         let mut offset = 0u32;
         let mut member = None;
         for name in path {
             let found = self
                 .find_member(self.strip(container, 0)?, name, 0)?
-                .ok_or_else(|| format!("task_struct has no member `{dotted}`"))?;
+                .ok_or_else(|| format!("struct {owner} has no member `{dotted}`"))?;
             offset = offset
                 .checked_add(found.byte_offset)
                 .ok_or("BTF offset overflows")?;
@@ -297,7 +319,7 @@ impl<'a> Btf<'a> {
         let member = member.ok_or("empty field path")?;
         let actual = self.size_of(member.type_id, 0)?;
         if actual != size {
-            return Err(format!("task_struct.{dotted} is {actual} bytes, expected {size}"));
+            return Err(format!("{owner}.{dotted} is {actual} bytes, expected {size}"));
         }
         Ok(offset)
     }
@@ -430,17 +452,36 @@ mod tests {
         let union_members = b.members(&[("x", int, 0), ("pid", pid_t, 0)]);
         let union = b.record("", kind::UNION, 2, 4, &union_members);
         let u64_ = b.int("u64", 8);
-        let se_members = b.members(&[("load", long, 0), ("exec_start", u64_, 8)]);
-        let se = b.record("sched_entity", kind::STRUCT, 2, 16, &se_members);
+        let runqueue = runqueues(&mut b, u64_);
+        let se_members = b.members(&[
+            ("load", long, 0),
+            ("exec_start", u64_, 8),
+            ("cfs_rq", runqueue, 16),
+        ]);
+        let se = b.record("sched_entity", kind::STRUCT, 3, 24, &se_members);
+        let info_members = b.members(&[("run_delay", u64_, 0), ("last_queued", u64_, 8)]);
+        let info = b.record("sched_info", kind::STRUCT, 2, 16, &info_members);
         let task_members = b.members(&[
             ("state", long, 0),
             ("", union, 8),
             ("comm", comm, 16),
             ("cpu", uint, 32),
             ("se", se, 40),
+            ("sched_info", info, 64),
         ]);
-        b.record("task_struct", kind::STRUCT, 5, 56, &task_members);
+        b.record("task_struct", kind::STRUCT, 6, 80, &task_members);
         b.finish()
+    }
+
+    /// `struct rq { u64 pad; u64 clock; }` and `struct cfs_rq { u64 pad;
+    /// struct rq *rq; }`; returns the id of `struct cfs_rq *`.
+    fn runqueues(b: &mut Builder, u64_: u32) -> u32 {
+        let rq_members = b.members(&[("nr_running", u64_, 0), ("clock", u64_, 8)]);
+        let rq = b.record("rq", kind::STRUCT, 2, 16, &rq_members);
+        let rq_ptr = b.record("", kind::PTR, 0, rq, &[]);
+        let cfs_members = b.members(&[("load", u64_, 0), ("rq", rq_ptr, 8)]);
+        let cfs_rq = b.record("cfs_rq", kind::STRUCT, 2, 16, &cfs_members);
+        b.record("", kind::PTR, 0, cfs_rq, &[])
     }
 
     #[test]
@@ -453,6 +494,11 @@ mod tests {
                 comm: 16,
                 cpu: 32,
                 exec_start: 48,
+                run_delay: 64,
+                last_queued: 72,
+                cfs_rq: 56,
+                cfs_rq_rq: 8,
+                rq_clock: 8,
             }
         );
     }
@@ -466,15 +512,19 @@ mod tests {
         let comm = b.record("", kind::ARRAY, 0, 0, &[char_, int, 16]);
         let info_members = b.members(&[("flags", long, 0), ("cpu", int, 20)]);
         let info = b.record("thread_info", kind::STRUCT, 2, 24, &info_members);
-        let se_members = b.members(&[("exec_start", long, 0)]);
-        let se = b.record("sched_entity", kind::STRUCT, 1, 8, &se_members);
+        let runqueue = runqueues(&mut b, long);
+        let se_members = b.members(&[("exec_start", long, 0), ("cfs_rq", runqueue, 8)]);
+        let se = b.record("sched_entity", kind::STRUCT, 2, 16, &se_members);
+        let sched_info_members = b.members(&[("run_delay", long, 0), ("last_queued", long, 8)]);
+        let sched_info = b.record("sched_info", kind::STRUCT, 2, 16, &sched_info_members);
         let task_members = b.members(&[
             ("thread_info", info, 0),
             ("pid", int, 24),
             ("comm", comm, 28),
             ("se", se, 48),
+            ("sched_info", sched_info, 64),
         ]);
-        b.record("task_struct", kind::STRUCT, 4, 56, &task_members);
+        b.record("task_struct", kind::STRUCT, 5, 80, &task_members);
         assert_eq!(TaskOffsets::from_btf(&b.finish()).unwrap().cpu, 20);
     }
 
@@ -522,7 +572,15 @@ mod tests {
         }
         let offsets = TaskOffsets::from_kernel().unwrap();
         // Distinct, and inside any plausible task_struct.
-        let all = [offsets.pid, offsets.comm, offsets.cpu, offsets.exec_start];
+        let all = [
+            offsets.pid,
+            offsets.comm,
+            offsets.cpu,
+            offsets.exec_start,
+            offsets.run_delay,
+            offsets.last_queued,
+            offsets.cfs_rq,
+        ];
         for (i, a) in all.iter().enumerate() {
             assert!(*a < 16384, "{offsets:?}");
             assert!(all[i + 1..].iter().all(|b| b != a), "{offsets:?}");

@@ -116,7 +116,12 @@ impl Probes {
                 .override_global(global::TASK_PID_OFFSET, &offsets.pid, true)
                 .override_global(global::TASK_COMM_OFFSET, &offsets.comm, true)
                 .override_global(global::TASK_CPU_OFFSET, &offsets.cpu, true)
-                .override_global(global::TASK_EXEC_START_OFFSET, &offsets.exec_start, true);
+                .override_global(global::TASK_EXEC_START_OFFSET, &offsets.exec_start, true)
+                .override_global(global::TASK_RUN_DELAY_OFFSET, &offsets.run_delay, true)
+                .override_global(global::TASK_LAST_QUEUED_OFFSET, &offsets.last_queued, true)
+                .override_global(global::TASK_CFS_RQ_OFFSET, &offsets.cfs_rq, true)
+                .override_global(global::CFS_RQ_RQ_OFFSET, &offsets.cfs_rq_rq, true)
+                .override_global(global::RQ_CLOCK_OFFSET, &offsets.rq_clock, true);
         }
         let mut ebpf = loader
             .load(object())
@@ -168,46 +173,55 @@ impl Probes {
     fn start_sched(&mut self, offsets: Result<TaskOffsets, String>, sched: SchedPrograms) {
         let btf = offsets.and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
         let mut classic_config: Option<Result<(), String>> = None;
+        // With the BTF sched_switch, a woken thread's runqueue wait comes
+        // from its sched_info: the wakeup tracepoints are not needed.
+        let mut btf_switch = false;
         for (btf_name, classic_name, category, event) in program::TRACEPOINTS {
-            let btf_result = btf
-                .as_ref()
-                .map_err(|e| format!("no kernel BTF: {e}"))
-                .and_then(|btf| attach_btf_tracepoint(&mut self.ebpf, btf_name, event, btf));
-            let status = match btf_result {
-                Ok(()) => ProbeStatus {
-                    program: btf_name.to_string(),
-                    target: format!("{category}/{event} (tp_btf)"),
-                    attached: true,
-                    error: None,
+            let btf_error = match (btf_name, &btf) {
+                (None, _) if btf_switch => continue,
+                (None, _) => None,
+                (Some(name), Ok(btf)) => match attach_btf_tracepoint(&mut self.ebpf, name, event, btf) {
+                    Ok(()) => {
+                        btf_switch |= name == program::BTF_SCHED_SWITCH;
+                        self.tracepoints.push(ProbeStatus {
+                            program: name.to_string(),
+                            target: format!("{category}/{event} (tp_btf)"),
+                            attached: true,
+                            error: None,
+                        });
+                        continue;
+                    }
+                    Err(error) => Some(error),
                 },
-                Err(btf_error) => {
-                    if sched == SchedPrograms::Auto {
-                        tracing::warn!(program = btf_name, error = %btf_error, "BTF tracepoint unavailable; trying the classic one");
-                    }
-                    let config = classic_config
-                        .get_or_insert_with(|| {
-                            tracefs::tracefs_root()
-                                .map_err(|e| e.to_string())
-                                .and_then(|root| tracefs::sched_config(&root))
-                                .and_then(|config| self.set_sched_config(config))
-                        })
-                        .clone();
-                    let result = config
-                        .map_err(|e| format!("tracepoint layout unknown: {e}"))
-                        .and_then(|()| attach_tracepoint(&mut self.ebpf, classic_name, category, event))
-                        .map_err(|classic_error| format!("tp_btf: {btf_error}; classic: {classic_error}"));
-                    if let Err(error) = &result {
-                        tracing::warn!(program = classic_name, %error, "eBPF sched tracepoint not attached");
-                    }
-                    ProbeStatus {
-                        program: classic_name.to_string(),
-                        target: format!("{category}/{event}"),
-                        attached: result.is_ok(),
-                        error: result.err(),
-                    }
-                }
+                (Some(_), Err(error)) => Some(format!("no kernel BTF: {error}")),
             };
-            self.tracepoints.push(status);
+            if let (Some(error), SchedPrograms::Auto) = (&btf_error, sched) {
+                tracing::warn!(program = btf_name, %error, "BTF tracepoint unavailable; trying the classic one");
+            }
+            let config = classic_config
+                .get_or_insert_with(|| {
+                    tracefs::tracefs_root()
+                        .map_err(|e| e.to_string())
+                        .and_then(|root| tracefs::sched_config(&root))
+                        .and_then(|config| self.set_sched_config(config))
+                })
+                .clone();
+            let result = config
+                .map_err(|e| format!("tracepoint layout unknown: {e}"))
+                .and_then(|()| attach_tracepoint(&mut self.ebpf, classic_name, category, event))
+                .map_err(|classic_error| match &btf_error {
+                    Some(btf_error) => format!("tp_btf: {btf_error}; classic: {classic_error}"),
+                    None => classic_error,
+                });
+            if let Err(error) = &result {
+                tracing::warn!(program = classic_name, %error, "eBPF sched tracepoint not attached");
+            }
+            self.tracepoints.push(ProbeStatus {
+                program: classic_name.to_string(),
+                target: format!("{category}/{event}"),
+                attached: result.is_ok(),
+                error: result.err(),
+            });
         }
     }
 
@@ -647,13 +661,15 @@ impl Probes {
         out
     }
 
-    /// Whether all four sched tracepoints are attached (off-CPU intervals
-    /// are then complete for watched threads).
+    /// Whether every sched tracepoint needed is attached (off-CPU
+    /// intervals are then complete for watched threads): `sched_switch` and
+    /// `sched_migrate_task`, and with the classic `sched_switch` the two
+    /// wakeup tracepoints too.
     pub fn sched_active(&self) -> bool {
-        self.tracepoints.len() == program::TRACEPOINTS.len() && self.tracepoints.iter().all(|s| s.attached)
+        !self.tracepoints.is_empty() && self.tracepoints.iter().all(|s| s.attached)
     }
 
-    /// One line for status displays, e.g. `on: 4/4 sched tracepoints,
+    /// One line for status displays, e.g. `on: 2/2 sched tracepoints (tp_btf),
     /// uprobes in 2 processes, 3 watched threads, 0 lost events`.
     pub fn summary(&self) -> String {
         let attached = self.tracepoints.iter().filter(|s| s.attached).count();
@@ -662,9 +678,14 @@ impl Probes {
             .values()
             .filter(|p| p.hooks.iter().any(|h| h.link.is_some()))
             .count();
+        let kind = if self.tracepoints.iter().any(|s| s.target.ends_with("(tp_btf)")) {
+            " (tp_btf)"
+        } else {
+            ""
+        };
         format!(
-            "on: {attached}/{} sched tracepoints, uprobes in {processes} processes, {} watched threads, {} lost events",
-            program::TRACEPOINTS.len(),
+            "on: {attached}/{} sched tracepoints{kind}, uprobes in {processes} processes, {} watched threads, {} lost events",
+            self.tracepoints.len(),
             self.watched.len(),
             self.losses()
         )

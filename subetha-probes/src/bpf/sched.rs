@@ -65,6 +65,22 @@ static SUBETHA_TASK_CPU_OFFSET: u32 = u32::MAX;
 /// Offset of `task_struct.se.exec_start` (see [`SUBETHA_TASK_PID_OFFSET`]).
 #[unsafe(no_mangle)]
 static SUBETHA_TASK_EXEC_START_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.sched_info.run_delay` (see
+/// [`SUBETHA_TASK_PID_OFFSET`]).
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_RUN_DELAY_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.sched_info.last_queued`.
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_LAST_QUEUED_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.se.cfs_rq`.
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_CFS_RQ_OFFSET: u32 = u32::MAX;
+/// Offset of `cfs_rq.rq`.
+#[unsafe(no_mangle)]
+static SUBETHA_CFS_RQ_RQ_OFFSET: u32 = u32::MAX;
+/// Offset of `rq.clock`.
+#[unsafe(no_mangle)]
+static SUBETHA_RQ_CLOCK_OFFSET: u32 = u32::MAX;
 
 /// A `u32` field of a task, read directly through the BTF-typed pointer.
 #[inline(always)]
@@ -79,13 +95,44 @@ fn task_u32(task: *const u8, offset: &'static u32) -> u32 {
     unsafe { core::ptr::read(task.add(offset as usize).cast::<u32>()) }
 }
 
-/// A task's `se.exec_start`.
+/// A `u64` field of a kernel object, read directly through its BTF-typed
+/// pointer (see `task_u32`).
 #[inline(always)]
-fn task_exec_start(task: *const u8) -> u64 {
-    // SAFETY: as in `task_u32`, for the 8-byte `se.exec_start`.
-    let offset = unsafe { core::ptr::read_volatile(&SUBETHA_TASK_EXEC_START_OFFSET) };
+fn field_u64(object: *const u8, offset: &'static u32) -> u64 {
     // SAFETY: as in `task_u32`.
-    unsafe { core::ptr::read(task.add(offset as usize).cast::<u64>()) }
+    let offset = unsafe { core::ptr::read_volatile(offset) };
+    // SAFETY: as in `task_u32`, for an 8-byte field.
+    unsafe { core::ptr::read(object.add(offset as usize).cast::<u64>()) }
+}
+
+/// A pointer field of a kernel object: the verifier types the result from
+/// the BTF, so it can be followed the same way (a null or stale pointer
+/// makes the fault-tolerant load read 0).
+#[inline(always)]
+fn field_ptr(object: *const u8, offset: &'static u32) -> *const u8 {
+    // SAFETY: as in `task_u32`.
+    let offset = unsafe { core::ptr::read_volatile(offset) };
+    // SAFETY: as in `task_u32`, for a pointer field.
+    unsafe { core::ptr::read(object.add(offset as usize).cast::<*const u8>()) }
+}
+
+/// How long `next`, about to run, waited on runqueues since it left a CPU
+/// with `run_delay_out` in its `sched_info.run_delay`: what the kernel has
+/// settled since (a migration settles the part on the old CPU) plus the
+/// wait still open, from `sched_info.last_queued` to its runqueue's clock
+/// now. `sched_info` is what `/proc/<tid>/schedstat` reports; reading it
+/// here is what makes `sched_wakeup` tracepoints unnecessary.
+#[inline(always)]
+fn runqueue_wait(next: *const u8, run_delay_out: u64) -> u64 {
+    let settled = field_u64(next, &SUBETHA_TASK_RUN_DELAY_OFFSET).saturating_sub(run_delay_out);
+    let queued = field_u64(next, &SUBETHA_TASK_LAST_QUEUED_OFFSET);
+    if queued == 0 {
+        return settled;
+    }
+    let cfs_rq = field_ptr(next, &SUBETHA_TASK_CFS_RQ_OFFSET);
+    let rq = field_ptr(cfs_rq, &SUBETHA_CFS_RQ_RQ_OFFSET);
+    let clock = field_u64(rq, &SUBETHA_RQ_CLOCK_OFFSET);
+    settled.saturating_add(clock.saturating_sub(queued))
 }
 
 /// A task's `comm`, as two direct 8-byte loads (cheaper than a helper
@@ -156,25 +203,21 @@ pub fn bt_sched_switch(ctx: BtfTracePointContext) -> u32 {
         // The runqueue's task clock now: `next` was just picked (its
         // exec_start set), except the idle task, which keeps none; then
         // `prev`, which was just accounted. Saves a clock read per switch.
-        run_clock: task_exec_start(if next_pid != 0 { next } else { prev }),
+        run_clock: field_u64(
+            if next_pid != 0 { next } else { prev },
+            &SUBETHA_TASK_EXEC_START_OFFSET,
+        ),
     };
-    on_switch(&ctx, &switch, current_comm, || task_comm(next));
-    0
-}
-
-/// `sched_wakeup(struct task_struct *p)`.
-#[btf_tracepoint(function = "sched_wakeup")]
-pub fn bt_sched_wakeup(ctx: BtfTracePointContext) -> u32 {
-    let task: *const u8 = ctx.arg(0);
-    woken(task_u32(task, &SUBETHA_TASK_PID_OFFSET));
-    0
-}
-
-/// `sched_wakeup_new(struct task_struct *p)`: see [`tp_wakeup_new`].
-#[btf_tracepoint(function = "sched_wakeup_new")]
-pub fn bt_wakeup_new(ctx: BtfTracePointContext) -> u32 {
-    let task: *const u8 = ctx.arg(0);
-    woken(task_u32(task, &SUBETHA_TASK_PID_OFFSET));
+    on_switch(
+        &ctx,
+        &switch,
+        Reads {
+            prev_comm: current_comm,
+            next_comm: || task_comm(next),
+            prev_run_delay: || field_u64(prev, &SUBETHA_TASK_RUN_DELAY_OFFSET),
+            next_wait: |run_delay_out| Some(runqueue_wait(next, run_delay_out)),
+        },
+    );
     0
 }
 
@@ -219,8 +262,13 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
     on_switch(
         &ctx,
         &switch,
-        || read_comm(&ctx, config.switch_prev_comm),
-        || read_comm(&ctx, config.switch_next_comm),
+        Reads {
+            prev_comm: || read_comm(&ctx, config.switch_prev_comm),
+            next_comm: || read_comm(&ctx, config.switch_next_comm),
+            // No task to read: the wakeup tracepoints record wakeups.
+            prev_run_delay: || 0,
+            next_wait: |_| None,
+        },
     );
     0
 }
@@ -317,16 +365,35 @@ struct Switch {
     run_clock: u64,
 }
 
+/// How a front end reads what the shared logic may need, only when it
+/// needs it: the two tasks' names, `prev`'s accumulated runqueue wait (0
+/// where unknown) and, given that value from its switch-out, how long
+/// `next` waited on runqueues (`None` where unknown: the classic programs
+/// record wakeups instead).
+struct Reads<PC, NC, PD, NW> {
+    prev_comm: PC,
+    next_comm: NC,
+    prev_run_delay: PD,
+    next_wait: NW,
+}
+
 /// One `sched_switch`: the CPU's run stretch, then a watched `prev`
 /// leaving and a watched `next` coming back. The names are read only when
 /// needed.
 #[inline(always)]
-fn on_switch<C: EbpfContext>(
-    ctx: &C,
-    switch: &Switch,
-    prev_comm: impl Fn() -> [u8; COMM_LEN],
-    next_comm: impl Fn() -> [u8; COMM_LEN],
-) {
+fn on_switch<C: EbpfContext, PC, NC, PD, NW>(ctx: &C, switch: &Switch, reads: Reads<PC, NC, PD, NW>)
+where
+    PC: Fn() -> [u8; COMM_LEN],
+    NC: Fn() -> [u8; COMM_LEN],
+    PD: Fn() -> u64,
+    NW: Fn(u64) -> Option<u64>,
+{
+    let Reads {
+        prev_comm,
+        next_comm,
+        prev_run_delay,
+        next_wait,
+    } = reads;
     let &Switch {
         prev,
         next,
@@ -357,7 +424,7 @@ fn on_switch<C: EbpfContext>(
     }
     let now = now_ns();
     if let Some(entry) = prev_entry {
-        switched_out(entry, prev, next, out_state, now, next_comm);
+        switched_out(entry, prev, next, out_state, now, &next_comm, prev_run_delay());
         if let Some(run) = run {
             // SAFETY: as above. Start a new window: who holds the CPU from
             // now on is what this thread will want to know.
@@ -381,6 +448,7 @@ fn on_switch<C: EbpfContext>(
             next,
             now,
             holder.unwrap_or_else(|| (prev, prev_comm())),
+            &next_wait,
         );
     }
 }
@@ -393,7 +461,8 @@ fn switched_out(
     next: u32,
     out_state: u64,
     now: u64,
-    next_comm: impl Fn() -> [u8; COMM_LEN],
+    next_comm: &impl Fn() -> [u8; COMM_LEN],
+    run_delay_out: u64,
 ) {
     // SAFETY: `entry` comes from `watched` (see there).
     let mut pid = unsafe { (*entry).pid };
@@ -414,6 +483,7 @@ fn switched_out(
         replaced_by_pid: next,
         _reserved: 0,
         replaced_by_comm: next_comm(),
+        run_delay_out,
     };
     // SAFETY: `entry` comes from `watched` (see there for why this thread's
     // state has no concurrent writer).
@@ -421,7 +491,9 @@ fn switched_out(
 }
 
 /// A watched `next` gets the CPU back: one event for the whole interval,
-/// unless the filter drops it. `holder` is who held the CPU meanwhile.
+/// unless the filter drops it. `holder` is who held the CPU meanwhile;
+/// `next_wait` says how long it waited on runqueues, when the program can
+/// read that from the task.
 #[inline(always)]
 fn switched_in<C: EbpfContext>(
     ctx: &C,
@@ -429,14 +501,22 @@ fn switched_in<C: EbpfContext>(
     next: u32,
     now: u64,
     holder: (u32, [u8; COMM_LEN]),
+    next_wait: &impl Fn(u64) -> Option<u64>,
 ) {
     // SAFETY: as in `switched_out`.
-    let (role, state) = unsafe { ((*entry).role, (*entry).state) };
+    let (role, mut state) = unsafe { ((*entry).role, (*entry).state) };
     // SAFETY: as above.
     unsafe { (*entry).state.out_ts = 0 };
     if state.out_ts == 0 {
         // Not seen leaving the CPU since it was watched.
         return;
+    }
+    // With the task at hand (BTF programs), a sleeper's wakeup is when its
+    // runqueue wait began; the classic programs recorded it at the wakeup.
+    if state.out_state != 0
+        && let Some(wait) = next_wait(state.run_delay_out)
+    {
+        state.wakeup_ts = now.saturating_sub(wait).max(state.out_ts);
     }
     let cpu_in = cpu();
     if let Some(filter) = OFF_CPU_FILTER.get(0)
