@@ -11,14 +11,14 @@
 //!   with that pid) to the object that defines the symbols: the executable,
 //!   or the shared object found through `/proc/<pid>/maps`. Every call emits
 //!   a [`ProbeEvent`] and counts a hit ([`HookHits`]);
-//! * BTF tracepoints (`tp_btf`; classic tracepoints where the kernel has no
-//!   BTF) on `sched_switch`, `sched_wakeup`, `sched_wakeup_new` and
-//!   `sched_migrate_task`, filtered in the kernel by a map of watched thread
-//!   ids ([`Probes::watch`]), that report off-CPU intervals of a watched
-//!   thread with their reason ([`OffCpuInterval`]; which ones is set by
-//!   [`Probes::set_off_cpu_filter`]) and each of its migrations. The BTF
-//!   programs read `task_struct` fields at offsets found in the kernel's
-//!   BTF at load time.
+//! * BTF tracepoints (`tp_btf`) on `sched_switch` and `sched_migrate_task`
+//!   (where the kernel has no BTF, classic tracepoints on those and on
+//!   `sched_wakeup`/`sched_wakeup_new`), filtered in the kernel by a map of
+//!   watched thread ids ([`Probes::watch`]), that report off-CPU intervals
+//!   of a watched thread with their reason ([`OffCpuInterval`]; which ones
+//!   is set by [`Probes::set_off_cpu_filter`]) and each of its migrations.
+//!   The BTF programs read `task_struct` fields at offsets found in the
+//!   kernel's BTF at load time, a woken thread's runqueue wait included.
 //!
 //! Events go through one ring buffer submitted without wakeups; the agent
 //! drains it on its own timer ([`Probes::drain_events`]). Events that did

@@ -1,24 +1,30 @@
 //! Scheduler tracepoints: off-CPU intervals and migrations of watched
 //! threads, with their reason.
 //!
-//! Each event has two front ends that feed the same logic:
+//! Two sets of front ends feed the same logic:
 //!
-//! * a BTF tracepoint (`tp_btf`, preferred): a raw tracepoint, so the kernel
-//!   formats no record for it; it gets the `task_struct` pointers and reads
-//!   `pid`/`comm`/`cpu` directly at offsets user space found in the kernel's
-//!   BTF and set as read-only globals (constants to the verifier);
-//! * a classic tracepoint (fallback on kernels without BTF): the kernel fills
-//!   the tracepoint record, whose field offsets user space read from tracefs
-//!   into [`SchedConfig`], and the fields are read with
-//!   `bpf_probe_read_kernel`.
+//! * BTF tracepoints (`tp_btf`, preferred) on `sched_switch` and
+//!   `sched_migrate_task`: raw tracepoints, so the kernel formats no record
+//!   for them. They get the `task_struct` pointers and read `pid`, `comm`,
+//!   `cpu`, `se.exec_start` and `sched_info` directly, at offsets user space
+//!   found in the kernel's BTF and set as read-only globals (constants to
+//!   the verifier). A woken thread's runqueue wait is read from its
+//!   `sched_info` when it gets the CPU back, so no wakeup tracepoint runs;
+//! * classic tracepoints (the fallback on kernels without BTF) on those two
+//!   and on `sched_wakeup`/`sched_wakeup_new`: the kernel fills each
+//!   tracepoint record, whose field offsets user space read from tracefs
+//!   into [`SchedConfig`], the fields are read with `bpf_probe_read_kernel`,
+//!   and the wakeup programs record when a sleeping watched thread is woken.
 //!
 //! For a watched thread the programs keep one [`TaskState`] in its
-//! [`WatchedTask`] entry:
+//! [`WatchedTask`] slot:
 //!
 //! 1. `sched_switch` with the thread as `prev` (switch-out) records the
-//!    time, the CPU, the reported state (0: still runnable, i.e. preempted)
-//!    and the `next` task that replaced it;
-//! 2. `sched_wakeup` of the thread, if it went to sleep, records the wakeup;
+//!    time, the CPU, the reported state (0: still runnable, i.e. preempted),
+//!    the `next` task that replaced it and (BTF) its accumulated runqueue
+//!    wait;
+//! 2. (classic only) `sched_wakeup` of the thread, if it went to sleep,
+//!    records the wakeup;
 //! 3. `sched_switch` with the thread as `next` (switch-in) closes the
 //!    interval: one [`OffCpuEvent`] with all of the above plus the task that
 //!    held the CPU longest while it was away (from [`CpuRun`], see below; the
@@ -30,9 +36,9 @@
 //! watched thread last left the CPU (a few loads and stores; the outgoing
 //! task's name is read only when its stretch becomes the longest).
 //!
-//! What runs for a thread nobody watches is kept to a minimum: a
-//! prefilter bit per tid residue, so a switch between unwatched threads
-//! costs the `CpuRun` update and two inlined array loads, and a wakeup one.
+//! What runs for a thread nobody watches is kept to a minimum: one inlined
+//! array load per task to find it is not watched, and (BTF) no clock read
+//! and no wakeup program at all.
 
 use aya_ebpf::{
     EbpfContext,
