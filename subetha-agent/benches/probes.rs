@@ -568,7 +568,11 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
         for round in 0..rounds {
             let mut measure = |attached: bool| {
                 set_uprobes(p, attached);
+                // Warm up (the first hits also let the kernel turn the
+                // uprobes into trampoline calls), then let whatever the
+                // (de)attachment left behind finish before timing.
                 pattern.run(&ring);
+                std::thread::sleep(Duration::from_millis(50));
                 drain(p);
                 time_pattern(pattern, &ring, iters, Some(&mut *p))
             };
