@@ -742,11 +742,25 @@ pub(crate) mod test_support {
             {
                 return record.clone();
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {name}: {:?}",
-                record.map(|r| summarize(&r))
-            );
+            if Instant::now() >= deadline {
+                // Where a missing observation could have gone: no ring for
+                // its thread, or a full one.
+                let segment = crate::registry::process_segment().expect("process segment");
+                let lost = segment
+                    .view()
+                    .live()
+                    .lost_no_ring
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                let dropped: u64 = (0..segment.view().layout().ring_slot_capacity)
+                    .filter_map(|i| segment.view().ring_slot(i))
+                    .map(|slot| slot.ring.dropped())
+                    .sum();
+                panic!(
+                    "timed out waiting for {name}: {:?}; process-wide: {lost} observations lost without a \
+                     ring, {dropped} dropped by full rings",
+                    record.map(|r| summarize(&r))
+                );
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
     }
