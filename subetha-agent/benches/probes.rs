@@ -559,6 +559,12 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
     let Some(p) = probes.as_mut() else {
         return;
     };
+    // The storms measure the uprobes alone: nothing left watched from the
+    // ping-pong (this thread was), the agent's filter back.
+    for (tid, _) in p.watched() {
+        p.unwatch(tid);
+    }
+    p.set_off_cpu_filter(Some(agent_filter())).expect("set the off-CPU filter");
     let ring = full_ring();
     for pattern in PATTERNS {
         // Some 10 M pushes a measurement (3 M quick): a short one (a 100k
