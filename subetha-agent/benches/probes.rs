@@ -564,7 +564,8 @@ fn report(probes: &mut Option<Probes>, quick: bool) {
     for (tid, _) in p.watched() {
         p.unwatch(tid);
     }
-    p.set_off_cpu_filter(Some(agent_filter())).expect("set the off-CPU filter");
+    p.set_off_cpu_filter(Some(agent_filter()))
+        .expect("set the off-CPU filter");
     let ring = full_ring();
     for pattern in PATTERNS {
         // Some 10 M pushes a measurement (3 M quick): a short one (a 100k
