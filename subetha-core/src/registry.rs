@@ -316,23 +316,16 @@ impl Instance {
     /// Never blocks.
     #[inline]
     pub fn observe(&self, op_kind: u16, flags: u16, latency_ticks: u64) -> Result<bool, RegistryError> {
-        let producer = PRODUCER.get();
-        if !producer.ring.is_null() {
-            let obs = Observation {
-                instance_id: self.id.get(),
-                op_kind,
-                flags,
-                latency_ticks,
-                producer_thread_id: producer.thread_id,
-                _reserved: 0,
-            };
-            // SAFETY: the pointer was set by `claim_ring` to a ring in the
-            // process segment, which stays mapped for the process's life;
-            // this thread is its only producer until the guard clears the
-            // pointer at thread exit or fork.
-            return Ok(unsafe { &*producer.ring }.push_stamped(obs));
-        }
-        observe_slow(Observation::new(self.id.get(), op_kind, flags, latency_ticks))
+        observe_as(self.id, op_kind, flags, latency_ticks)
+    }
+
+    /// The id to pass to [`observe_as`], for a caller that must read it
+    /// before an observation it pushes later (a lock reads it while it
+    /// still holds the lock: the id sits near the lock word, which the
+    /// next holder may own by the time of the push).
+    #[inline(always)]
+    pub(crate) fn raw_id(&self) -> NonZeroU32 {
+        self.id
     }
 
     /// The policy word a consumer set for this instance (0 by default).
@@ -446,6 +439,33 @@ pub(crate) fn register_in(view: &SegmentView, kind: InstanceKind, name: &str) ->
 }
 
 const _: () = assert!(OP_KINDS == Observation::MAX_OP_KIND as usize && SHORT_NAME_MAX == 16);
+
+/// [`Instance::observe`] by the instance's raw id.
+#[inline]
+pub(crate) fn observe_as(
+    id: NonZeroU32,
+    op_kind: u16,
+    flags: u16,
+    latency_ticks: u64,
+) -> Result<bool, RegistryError> {
+    let producer = PRODUCER.get();
+    if !producer.ring.is_null() {
+        let obs = Observation {
+            instance_id: id.get(),
+            op_kind,
+            flags,
+            latency_ticks,
+            producer_thread_id: producer.thread_id,
+            _reserved: 0,
+        };
+        // SAFETY: the pointer was set by `claim_ring` to a ring in the
+        // process segment, which stays mapped for the process's life; this
+        // thread is its only producer until the guard clears the pointer at
+        // thread exit or fork.
+        return Ok(unsafe { &*producer.ring }.push_stamped(obs));
+    }
+    observe_slow(Observation::new(id.get(), op_kind, flags, latency_ticks))
+}
 
 #[cold]
 #[inline(never)]

@@ -93,6 +93,7 @@
 //! a consumer's numbers against. Off by default: then it costs one
 //! predictable branch per observation.
 
+use std::num::NonZeroU32;
 use std::panic::Location;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -361,8 +362,33 @@ impl Probe {
     /// Pushes one observation (and tallies it when [`accounting`] is on).
     #[inline(always)]
     pub(crate) fn emit(&self, op_kind: u16, flags: u16, latency_ticks: u64) {
-        if let Some(instance) = &self.instance {
-            match instance.observe(op_kind, flags, latency_ticks) {
+        self.emitter().emit(op_kind, flags, latency_ticks);
+    }
+
+    /// What [`emit`](Self::emit) needs, read now to push later: a lock
+    /// reads it before its release, while its line is surely in this
+    /// core's cache.
+    #[inline(always)]
+    pub(crate) fn emitter(&self) -> Emitter {
+        Emitter(self.instance.as_ref().map(Instance::raw_id))
+    }
+
+    /// Reads the policy word from the segment (0 when unobserved).
+    pub(crate) fn policy_word(&self) -> PolicyWord {
+        PolicyWord(self.instance.as_ref().map_or(0, Instance::policy))
+    }
+}
+
+/// A [`Probe`]'s instance id, copied out of the primitive.
+#[derive(Clone, Copy)]
+pub(crate) struct Emitter(Option<NonZeroU32>);
+
+impl Emitter {
+    /// [`Probe::emit`].
+    #[inline(always)]
+    pub(crate) fn emit(self, op_kind: u16, flags: u16, latency_ticks: u64) {
+        if let Some(id) = self.0 {
+            match crate::registry::observe_as(id, op_kind, flags, latency_ticks) {
                 Ok(queued) => {
                     if accounting::ENABLED.load(Ordering::Relaxed) {
                         accounting::count(if queued {
@@ -375,11 +401,6 @@ impl Probe {
                 Err(error) => lost(error),
             }
         }
-    }
-
-    /// Reads the policy word from the segment (0 when unobserved).
-    pub(crate) fn policy_word(&self) -> PolicyWord {
-        PolicyWord(self.instance.as_ref().map_or(0, Instance::policy))
     }
 }
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
-use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, adaptive, since};
+use super::{CONTENDED, Emitter, MISS, PolicyWord, Probe, Sampler, adaptive, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -70,28 +70,16 @@ const TOKEN_HANDOFF: UnparkToken = UnparkToken(1);
 /// waiter only reads the word, so it does not steal the line from the owner.
 const PAUSES_PER_POLL: u32 = 4;
 
-/// Latency bits of a packed observation (2^59 ticks is years).
-const LATENCY_MASK: u64 = (1 << 59) - 1;
-
-/// An acquisition's observation in one word: latency in bits 0–58, op kind
-/// (1..=7) in 59–61, flags in 62–63. Never 0 (op kinds start at 1).
-#[inline(always)]
-const fn pack(op: u16, flags: u16, latency: u64) -> u64 {
-    let latency = if latency > LATENCY_MASK {
-        LATENCY_MASK
-    } else {
-        latency
-    };
-    latency | ((op as u64 & 7) << 59) | ((flags as u64 & 3) << 62)
-}
-
-#[inline(always)]
-const fn unpack(word: u64) -> (u16, u16, u64) {
-    (
-        ((word >> 59) & 7) as u16,
-        (word >> 62) as u16,
-        word & LATENCY_MASK,
-    )
+/// How a hold began: what its release pushes as the acquisition.
+#[derive(Clone, Copy)]
+enum Acquired {
+    /// An uncontended `lock`.
+    Lock,
+    /// An uncontended `try_lock` (or timed variant).
+    TryLock,
+    /// A `lock` (or timed `try_lock`, [`op::TRY_LOCK`]) that waited this
+    /// many ticks.
+    Waited { op: u16, ticks: u64 },
 }
 
 /// What the slow path did.
@@ -118,32 +106,83 @@ enum Spin {
 /// The raw lock behind [`Mutex`] and [`AdaptiveMutex`](super::AdaptiveMutex):
 /// `parking_lot`'s lock word plus the bookkeeping of one instance.
 ///
-/// The layout is deliberate. `lock_api::Mutex` places the data right after
-/// the raw lock, and a lock whose word and data sit in different cache
-/// lines moves two lines between cores per hand-over instead of one (with
-/// the 48-byte layout this replaced, a `Mutex<u64>` in an `Arc` had exactly
-/// that split, and contended throughput suffered for it). So the struct is
-/// `repr(C)`, 40 bytes, with the lock word last: the word is within 7 bytes
-/// of the data, and for any 16-byte-aligned placement (what the allocator
-/// gives) no cache-line boundary falls between them.
+/// The layout is deliberate: whatever every acquisition writes shares a
+/// cache line with the lock word, whatever the allocation's address.
+/// `lock_api::Mutex` places the data right after the raw lock, and the
+/// allocator only promises 16-byte alignment, so the one region that is
+/// always in a single cache line is the 16-byte-aligned chunk holding the
+/// end of this struct and the start of the data. The struct is `repr(C)`,
+/// 40 bytes, in three 16-byte chunks:
+///
+/// | bytes | fields | written by |
+/// |---|---|---|
+/// | 0–15 | `sampler`, `probe`, `adaptive`, `acquisitions_high` | nearly nobody (a policy change, every 65,536th acquisition) |
+/// | 16–31 | `hold_start`, `long_wait` | the holder of a sampled hold or of a wait over 2^32 ticks |
+/// | 32–39 (+ data) | `wait`, `acquisitions`, `pending`, `state` | every acquisition |
+///
+/// A line the first two chunks share with the third is then written
+/// rarely, so every hand-over, contended or not, moves one line between
+/// cores, as with `parking_lot`; reading the instance id or the sampling
+/// mask from the first chunk finds it in cache. (With `pending` at byte 8
+/// and a counter at 32, a `Mutex<u64>` in an `Arc` had the two split from
+/// the word in half of the placements; 50 ns critical sections then ran at
+/// 32–37% of `parking_lot` in a split placement against 45–49% in the
+/// other.) For data aligned to more than 8 bytes the data starts in the
+/// next chunk; the bookkeeping still shares the word's.
 #[repr(C)]
 pub struct RawMutex {
-    /// Ticks when a sampled hold began, 0 when this hold is not sampled.
-    /// Only touched by the lock holder.
-    hold_start: Cell<u64>,
-    /// The current hold's acquisition observation, pushed when the lock is
-    /// released ([`pack`]; 0 = none). Only touched by the lock holder.
-    pending: Cell<u64>,
     sampler: Sampler,
     probe: Probe,
-    /// Acquisitions so far (wrapping). Only touched by the lock holder.
-    acquisitions: Cell<u32>,
     /// Spin before parking with the budget from the policy word.
     adaptive: bool,
+    /// High half of the acquisition count. Only touched by the lock holder.
+    acquisitions_high: Cell<u16>,
+    /// Ticks when a sampled hold began (valid with [`PENDING_SAMPLED`]).
+    /// Only touched by the lock holder.
+    hold_start: Cell<u64>,
+    /// A wait of 2^32 ticks or more (valid with [`PENDING_LONG_WAIT`]).
+    /// Only touched by the lock holder.
+    long_wait: Cell<u64>,
+    /// A waited-for acquisition's wait in ticks, when under 2^32. Only
+    /// touched by the lock holder.
+    wait: Cell<u32>,
+    /// Low half of the acquisition count (wrapping). Only touched by the
+    /// lock holder.
+    acquisitions: Cell<u16>,
+    /// What the release pushes: a `PENDING_*` kind plus flags. Only
+    /// touched by the lock holder.
+    pending: Cell<u8>,
     state: AtomicU8,
 }
 
-const _: () = assert!(std::mem::size_of::<RawMutex>() == 40);
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<RawMutex>() == 40);
+    // Every per-acquisition write in the lock word's 16-byte chunk, which
+    // also holds the first bytes of the data.
+    let chunk = offset_of!(RawMutex, state) / 16;
+    assert!(chunk == size_of::<RawMutex>() / 16);
+    assert!(offset_of!(RawMutex, wait) / 16 == chunk);
+    assert!(offset_of!(RawMutex, acquisitions) / 16 == chunk);
+    assert!(offset_of!(RawMutex, pending) / 16 == chunk);
+};
+
+/// `pending` kind: nothing to push (an acquisition that records none).
+const PENDING_NONE: u8 = 0;
+/// `pending` kind: an uncontended `lock`.
+const PENDING_LOCK: u8 = 1;
+/// `pending` kind: an uncontended `try_lock`.
+const PENDING_TRY_LOCK: u8 = 2;
+/// `pending` kind: a `lock` that waited (`wait` or `long_wait` ticks).
+const PENDING_WAITED_LOCK: u8 = 3;
+/// `pending` kind: a timed `try_lock` that waited, then got the lock.
+const PENDING_WAITED_TRY_LOCK: u8 = 4;
+/// The kind bits of `pending`.
+const PENDING_KIND: u8 = 0b111;
+/// `pending` flag: this hold is sampled; it began at `hold_start`.
+const PENDING_SAMPLED: u8 = 0b1000;
+/// `pending` flag: the wait is in `long_wait`, not `wait`.
+const PENDING_LONG_WAIT: u8 = 0b1_0000;
 
 // SAFETY: the `Cell` fields are only read and written by the thread that
 // holds the lock (after acquiring it, before releasing it), so accesses
@@ -164,13 +203,16 @@ impl fmt::Debug for RawMutex {
 impl RawMutex {
     const fn unobserved(adaptive: bool) -> Self {
         Self {
-            state: AtomicU8::new(0),
-            adaptive,
-            acquisitions: Cell::new(0),
-            pending: Cell::new(0),
-            hold_start: Cell::new(0),
             sampler: Sampler::new(),
             probe: Probe::NONE,
+            adaptive,
+            acquisitions_high: Cell::new(0),
+            hold_start: Cell::new(0),
+            long_wait: Cell::new(0),
+            wait: Cell::new(0),
+            acquisitions: Cell::new(0),
+            pending: Cell::new(PENDING_NONE),
+            state: AtomicU8::new(0),
         }
     }
 
@@ -256,33 +298,57 @@ impl RawMutex {
     /// hold or re-reads the policy word. `now` is a tick reading taken at
     /// acquisition, or 0.
     #[inline(always)]
-    fn acquired(&self, op: u16, flags: u16, latency: u64, now: u64) {
-        let n = self.acquisitions.get().wrapping_add(1);
-        self.acquisitions.set(n);
-        self.pending.set(pack(op, flags, latency));
-        if n & self.sampler.check_mask() == 0 {
-            self.bookkeeping(n, now);
+    fn acquired(&self, how: Acquired, now: u64) {
+        let low = self.acquisitions.get().wrapping_add(1);
+        self.acquisitions.set(low);
+        self.pending.set(match how {
+            Acquired::Lock => PENDING_LOCK,
+            Acquired::TryLock => PENDING_TRY_LOCK,
+            Acquired::Waited { op, ticks } => self.record_wait(op, ticks),
+        });
+        if u32::from(low) & self.sampler.check_mask() == 0 {
+            self.bookkeeping(low, now);
         }
     }
 
-    /// Pushes a hold's acquisition observation (after the release).
+    /// Stores a wait for the release; returns its `pending` value.
     #[inline(always)]
-    fn emit_pending(&self, pending: u64) {
-        if pending != 0 {
-            let (op, flags, latency) = unpack(pending);
-            self.probe.emit(op, flags, latency);
+    fn record_wait(&self, op: u16, ticks: u64) -> u8 {
+        let kind = if op == op::TRY_LOCK {
+            PENDING_WAITED_TRY_LOCK
+        } else {
+            PENDING_WAITED_LOCK
+        };
+        match u32::try_from(ticks) {
+            Ok(ticks) => {
+                self.wait.set(ticks);
+                kind
+            }
+            Err(_) => {
+                self.long_wait.set(ticks);
+                kind | PENDING_LONG_WAIT
+            }
         }
     }
 
+    /// Every [`check_mask`](Sampler::check_mask) + 1 acquisitions: carries
+    /// the count into its high half, re-reads the policy word every
+    /// [`REFRESH_EVERY`](super::REFRESH_EVERY), samples the hold when due.
     #[cold]
     #[inline(never)]
-    fn bookkeeping(&self, n: u32, now: u64) {
+    fn bookkeeping(&self, low: u16, now: u64) {
+        let mut high = self.acquisitions_high.get();
+        if low == 0 {
+            high = high.wrapping_add(1);
+            self.acquisitions_high.set(high);
+        }
+        let n = u32::from(high) << 16 | u32::from(low);
         if Sampler::wants_refresh(n) {
             self.refresh_policy();
         }
         if self.sampler.wants_sample(n) {
-            self.hold_start
-                .set(if now != 0 { now } else { clock::ticks() }.max(1));
+            self.hold_start.set(if now != 0 { now } else { clock::ticks() });
+            self.pending.set(self.pending.get() | PENDING_SAMPLED);
         }
     }
 
@@ -299,7 +365,8 @@ impl RawMutex {
             self.probe
                 .emit(op::PARK, CONTENDED, now.saturating_sub(parked_at).max(1));
         }
-        self.acquired(op::LOCK, CONTENDED, now.saturating_sub(start).max(1), now);
+        let ticks = now.saturating_sub(start).max(1);
+        self.acquired(Acquired::Waited { op: op::LOCK, ticks }, now);
     }
 
     /// The contended timed `try_lock`: waits until `deadline`, records the
@@ -314,7 +381,13 @@ impl RawMutex {
         } = self.lock_slow(spin, deadline);
         let waited = now.saturating_sub(start).max(1);
         if acquired {
-            self.acquired(op::TRY_LOCK, CONTENDED, waited, now);
+            self.acquired(
+                Acquired::Waited {
+                    op: op::TRY_LOCK,
+                    ticks: waited,
+                },
+                now,
+            );
         } else {
             self.probe.emit(op::TRY_LOCK, CONTENDED | MISS, waited);
         }
@@ -464,39 +537,60 @@ impl RawMutex {
         }
     }
 
-    /// Releases a hold that was sampled and records its length.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the lock.
-    #[cold]
-    #[inline(never)]
-    unsafe fn unlock_sampled(&self, start: u64, pending: u64, fair: bool) {
-        self.hold_start.set(0);
-        let held = since(start);
-        // SAFETY: the caller holds the lock.
-        unsafe { self.unlock_raw(fair) };
-        self.emit_pending(pending);
-        self.probe.emit(op::UNLOCK, 0, held);
-    }
-
     /// Releases the lock, then pushes what the hold recorded.
+    ///
+    /// Everything the pushes need is read before the release, from the
+    /// lock's own line: after it, the next holder may own that line, and a
+    /// read would both wait for it and take it away again.
     ///
     /// # Safety
     ///
     /// The caller holds the lock.
     #[inline(always)]
     unsafe fn release(&self, fair: bool) {
-        // Read while still holding the lock: the fields are the holder's.
         let pending = self.pending.get();
-        let start = self.hold_start.get();
-        if start == 0 {
+        let emitter = self.probe.emitter();
+        if pending == PENDING_LOCK {
             // SAFETY: forwarded: the caller holds the lock.
             unsafe { self.unlock_raw(fair) };
-            self.emit_pending(pending);
+            emitter.emit(op::LOCK, 0, 0);
         } else {
             // SAFETY: forwarded: the caller holds the lock.
-            unsafe { self.unlock_sampled(start, pending, fair) }
+            unsafe { self.release_recorded(pending, emitter, fair) }
+        }
+    }
+
+    /// [`release`](Self::release) of a hold whose acquisition was not a
+    /// plain uncontended `lock`, or that was sampled.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the lock.
+    #[cold]
+    #[inline(never)]
+    unsafe fn release_recorded(&self, pending: u8, emitter: Emitter, fair: bool) {
+        let waited = || {
+            if pending & PENDING_LONG_WAIT != 0 {
+                self.long_wait.get()
+            } else {
+                u64::from(self.wait.get())
+            }
+        };
+        let acquisition = match pending & PENDING_KIND {
+            PENDING_LOCK => Some((op::LOCK, 0, 0)),
+            PENDING_TRY_LOCK => Some((op::TRY_LOCK, 0, 0)),
+            PENDING_WAITED_LOCK => Some((op::LOCK, CONTENDED, waited())),
+            PENDING_WAITED_TRY_LOCK => Some((op::TRY_LOCK, CONTENDED, waited())),
+            _ => None,
+        };
+        let held = (pending & PENDING_SAMPLED != 0).then(|| since(self.hold_start.get()));
+        // SAFETY: forwarded: the caller holds the lock.
+        unsafe { self.unlock_raw(fair) };
+        if let Some((op, flags, latency)) = acquisition {
+            emitter.emit(op, flags, latency);
+        }
+        if let Some(held) = held {
+            emitter.emit(op::UNLOCK, 0, held);
         }
     }
 
@@ -504,8 +598,7 @@ impl RawMutex {
     fn try_lock_quiet(&self) -> bool {
         let acquired = self.try_lock_raw();
         if acquired {
-            self.pending.set(0);
-            self.hold_start.set(0);
+            self.pending.set(PENDING_NONE);
         }
         acquired
     }
@@ -523,7 +616,7 @@ unsafe impl lock_api::RawMutex for RawMutex {
     #[inline]
     fn lock(&self) {
         if self.lock_fast() {
-            self.acquired(op::LOCK, 0, 0, 0);
+            self.acquired(Acquired::Lock, 0);
         } else {
             self.lock_contended();
         }
@@ -532,7 +625,7 @@ unsafe impl lock_api::RawMutex for RawMutex {
     #[inline]
     fn try_lock(&self) -> bool {
         if self.try_lock_raw() {
-            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            self.acquired(Acquired::TryLock, 0);
             true
         } else {
             self.probe.emit(op::TRY_LOCK, MISS, 0);
@@ -565,10 +658,19 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
     #[inline]
     unsafe fn bump(&self) {
         if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
+            // The thread the lock goes to records its own hold in these
+            // fields; this hold's record must survive it.
+            let pending = self.pending.get();
+            let (wait, long_wait) = (self.wait.get(), self.long_wait.get());
+            let hold_start = self.hold_start.get();
             self.unlock_slow(true);
             if !self.lock_fast() {
                 self.lock_slow(Spin::ParkingLot, None);
             }
+            self.pending.set(pending);
+            self.wait.set(wait);
+            self.long_wait.set(long_wait);
+            self.hold_start.set(hold_start);
         }
     }
 }
@@ -581,7 +683,7 @@ unsafe impl lock_api::RawMutexTimed for RawMutex {
     #[inline]
     fn try_lock_for(&self, timeout: Duration) -> bool {
         if self.lock_fast() {
-            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            self.acquired(Acquired::TryLock, 0);
             return true;
         }
         self.try_lock_timed(Instant::now().checked_add(timeout))
@@ -590,7 +692,7 @@ unsafe impl lock_api::RawMutexTimed for RawMutex {
     #[inline]
     fn try_lock_until(&self, timeout: Instant) -> bool {
         if self.lock_fast() {
-            self.acquired(op::TRY_LOCK, 0, 0, 0);
+            self.acquired(Acquired::TryLock, 0);
             return true;
         }
         self.try_lock_timed(Some(timeout))
@@ -803,9 +905,20 @@ mod tests {
         assert_eq!(data, std::mem::size_of::<RawMutex>(), "data follows the raw lock");
         // Allocations are at least 16-byte aligned; try every such placement
         // within a line, also behind an `Arc`'s two counters.
+        let per_acquisition = [
+            std::mem::offset_of!(RawMutex, acquisitions),
+            std::mem::offset_of!(RawMutex, pending),
+        ];
         for base in (0..64).step_by(16) {
             let line = |offset: usize| (base + offset) / 64;
             assert_eq!(line(state), line(data), "placement {base}: state and data split");
+            for field in per_acquisition {
+                assert_eq!(
+                    line(field),
+                    line(state),
+                    "placement {base}: byte {field} split from state"
+                );
+            }
             assert_eq!(
                 line(data),
                 line(data + 7),
@@ -838,6 +951,31 @@ mod tests {
         let timed_out = r.stats.op(op::TRY_LOCK).unwrap().latency().unwrap();
         let ms = crate::clock::calibration().ns_to_ticks(1_000_000);
         assert!(timed_out.max() >= ms * 9 / 10, "waited {} ticks", timed_out.max());
+    }
+
+    #[test]
+    fn bump_hands_over_without_recording_the_other_hold_twice() {
+        let name = unique("mutex-bump");
+        let m = Arc::new(Mutex::named(&name, 0u32));
+        set_sampling(&m, PolicyWord::default().with_sample_every(0));
+        let mut guard = m.lock();
+        let waiter = {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || *m.lock() += 1)
+        };
+        // Wait until the other thread is parked on the lock.
+        while m.raw().state.load(Ordering::Relaxed) & PARKED_BIT == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        MutexGuard::bump(&mut guard);
+        // The waiter had the lock in between.
+        assert_eq!(*guard, 1);
+        drop(guard);
+        waiter.join().unwrap();
+        let r = wait_for(&name, |r| r.stats.total_ops() >= 2);
+        // This thread's plain lock and the waiter's contended one; the
+        // waiter's is not recorded again at this thread's release.
+        assert_eq!(op(&r, op::LOCK), (2, 1, 0, 1));
     }
 
     fn set_sampling<T>(m: &Mutex<T>, word: PolicyWord) {
@@ -963,12 +1101,25 @@ mod tests {
     }
 
     #[test]
-    fn packed_observations_round_trip() {
-        for (op, flags, latency) in [(1, 0, 0), (3, 3, 12345), (7, 1, LATENCY_MASK), (2, 2, u64::MAX)] {
-            let word = pack(op, flags, latency);
-            assert_ne!(word, 0);
-            assert_eq!(unpack(word), (op, flags, latency.min(LATENCY_MASK)));
+    fn waits_of_any_length_reach_the_observation() {
+        let name = unique("mutex-long-wait");
+        let m = Mutex::named(&name, 0u32);
+        set_sampling(&m, PolicyWord::default().with_sample_every(0));
+        let raw = m.raw();
+        for ticks in [1, u64::from(u32::MAX), u64::from(u32::MAX) + 1, u64::MAX] {
+            assert!(raw.try_lock_raw());
+            raw.acquired(Acquired::Waited { op: op::LOCK, ticks }, 0);
+            // SAFETY: locked just above.
+            unsafe { lock_api::RawMutex::unlock(raw) };
         }
+        let r = wait_for(&name, |r| r.stats.total_ops() >= 4);
+        assert_eq!(op(&r, op::LOCK), (4, 4, 0, 4));
+        let latency = r.stats.op(op::LOCK).unwrap().latency().unwrap();
+        assert!(
+            latency.max() > u64::from(u32::MAX) * 1000,
+            "max {}",
+            latency.max()
+        );
     }
 
     #[test]

@@ -397,8 +397,12 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
 
     #[inline]
     unsafe fn bump_exclusive(&self) {
+        // A writer the lock goes to meanwhile records its own sampled hold
+        // in `write_hold_start`; this hold's sample must survive it.
+        let hold_start = self.write_hold_start.get();
         // SAFETY: forwarded: the caller holds the exclusive lock.
         unsafe { self.inner.bump_exclusive() }
+        self.write_hold_start.set(hold_start);
     }
 }
 
