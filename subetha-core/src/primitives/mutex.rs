@@ -878,7 +878,7 @@ impl<T: ?Sized + fmt::Debug> fmt::Debug for Mutex<T> {
         if self.raw().try_lock_quiet() {
             // SAFETY: the quiet try-lock just acquired the lock; the guard
             // releases it (through the instrumented unlock, which records
-            // nothing since `hold_start` was cleared).
+            // nothing for a hold whose `pending` is `PENDING_NONE`).
             let guard = unsafe { self.inner.make_guard_unchecked() };
             d.field("data", &&*guard);
         } else {
