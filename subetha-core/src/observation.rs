@@ -36,6 +36,29 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// The observation's 24 bytes as three `u64`s in memory order (what
+    /// `bytemuck::cast` gives), built from the fields with shifts, so the
+    /// ring can write a slot with three 8-byte stores. Left to itself the
+    /// compiler writes the fields one by one (five stores) and may keep a
+    /// copy on the stack; a producer whose lines the consumer keeps taking
+    /// waits on every store it queues.
+    #[cfg(target_endian = "little")]
+    #[inline(always)]
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        [
+            u64::from(self.instance_id) | u64::from(self.op_kind) << 32 | u64::from(self.flags) << 48,
+            self.latency_ticks,
+            u64::from(self.producer_thread_id) | u64::from(self._reserved) << 32,
+        ]
+    }
+
+    /// See the little-endian version.
+    #[cfg(not(target_endian = "little"))]
+    #[inline(always)]
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        bytemuck::cast(self)
+    }
+
     /// All fields zero.
     pub const ZERO: Self = Self {
         instance_id: 0,
@@ -137,6 +160,41 @@ mod tests {
         assert_eq!(offset_of!(Observation, producer_thread_id), 16);
         assert_eq!(offset_of!(Observation, _reserved), 20);
         assert_eq!(bytemuck::bytes_of(&Observation::ZERO), &[0u8; 24]);
+    }
+
+    /// The words the ring stores are the observation's own bytes, for
+    /// every field at its extremes (each byte distinct, so a swapped or
+    /// shifted field shows).
+    #[test]
+    fn words_are_the_observation_bytes() {
+        let distinct = Observation {
+            instance_id: 0x0403_0201,
+            op_kind: 0x0605,
+            flags: 0x0807,
+            latency_ticks: 0x100f_0e0d_0c0b_0a09,
+            producer_thread_id: 0x1413_1211,
+            _reserved: 0x1817_1615,
+        };
+        let all_ones = Observation {
+            instance_id: u32::MAX,
+            op_kind: u16::MAX,
+            flags: u16::MAX,
+            latency_ticks: u64::MAX,
+            producer_thread_id: u32::MAX,
+            _reserved: u32::MAX,
+        };
+        for obs in [
+            distinct,
+            all_ones,
+            Observation::ZERO,
+            Observation::new(7, 1, 2, 3),
+        ] {
+            assert_eq!(
+                obs.to_words(),
+                bytemuck::cast::<Observation, [u64; 3]>(obs),
+                "{obs:?}"
+            );
+        }
     }
 
     #[test]

@@ -284,12 +284,21 @@ impl ObservationRing {
     /// publishes it.
     #[inline(always)]
     fn publish(&self, tail: u32, obs: Observation) {
+        let words = obs.to_words();
         self.buf[(tail & INDEX_MASK) as usize].with_mut(|slot| {
             // SAFETY: `reserve` saw `tail - head < CAPACITY`, so slot `tail`
             // is outside the consumer's readable range `[head, tail)` and, by
             // its Acquire (now or when `cached_head` was loaded), the consumer
-            // has finished reading it. Only this producer writes slots.
-            unsafe { slot.write(obs) }
+            // has finished reading it. Only this producer writes slots. The
+            // slot is 24 bytes at an 8-byte aligned address (the buffer
+            // starts at byte 128 of a 64-byte aligned ring; slots are 24
+            // bytes), so it holds three aligned u64s.
+            unsafe {
+                let slot = slot.cast::<u64>();
+                slot.write(words[0]);
+                slot.add(1).write(words[1]);
+                slot.add(2).write(words[2]);
+            }
         });
         // Release: publishes the slot written above to the consumer.
         self.tail.store(tail.wrapping_add(1), Ordering::Release);
