@@ -73,6 +73,12 @@ impl Observation {
     pub const FLAG_CONTENDED: u16 = 1 << 0;
     /// Flag bit 1: the operation found nothing (`try_lock` failed, queue empty, ...).
     pub const FLAG_MISS: u16 = 1 << 1;
+    /// Flag bit 2: a *count*, not one operation: `latency_ticks` operations
+    /// of this op kind, none contended or missed, no latency measured. A
+    /// primitive reports its uncontended fast-path operations this way
+    /// instead of one observation each (see `subetha_core::primitives`).
+    /// Other flags on a count are ignored.
+    pub const FLAG_COUNT: u16 = 1 << 2;
     /// The largest valid `op_kind`; kinds are `1..=MAX_OP_KIND`.
     pub const MAX_OP_KIND: u16 = 7;
 
@@ -99,6 +105,12 @@ impl Observation {
     #[inline]
     pub const fn is_miss(&self) -> bool {
         self.flags & Self::FLAG_MISS != 0
+    }
+
+    /// Whether [`Observation::FLAG_COUNT`] is set.
+    #[inline]
+    pub const fn is_count(&self) -> bool {
+        self.flags & Self::FLAG_COUNT != 0
     }
 }
 

@@ -454,6 +454,9 @@ const FLAG_CONTENDED: u16 = 1;
 /// Observation flag bit: the operation missed / found nothing. Mirrors
 /// `Observation::FLAG_MISS = 2` in `crate::observation`.
 const FLAG_MISS: u16 = 2;
+/// Observation flag bit: `latency_ticks` counts uncontended operations.
+/// Mirrors `Observation::FLAG_COUNT = 4` in `crate::observation`.
+const FLAG_COUNT: u16 = 4;
 
 /// `OpStats::last_thread` before any thread was seen (no `u32` equals it).
 const NO_THREAD: u64 = u64::MAX;
@@ -570,6 +573,9 @@ impl OpStats {
 
     #[inline]
     fn record(&mut self, flags: u16, latency_ticks: u64, thread_id: u32) {
+        if flags & FLAG_COUNT != 0 {
+            return self.record_count(latency_ticks, thread_id);
+        }
         self.ops += 1;
         self.contended += u64::from(flags & FLAG_CONTENDED);
         self.misses += u64::from((flags & FLAG_MISS) >> 1);
@@ -585,6 +591,16 @@ impl OpStats {
                 self.max_thread = thread_id;
             }
             hist.record(latency_ticks);
+        }
+    }
+
+    /// A [`FLAG_COUNT`] observation: `count` uncontended operations, no
+    /// latency. Saturates rather than trusting a hostile count.
+    #[inline(never)]
+    fn record_count(&mut self, count: u64, thread_id: u32) {
+        self.ops = self.ops.saturating_add(count);
+        if u64::from(thread_id) != self.last_thread {
+            self.thread_changed(thread_id);
         }
     }
 
@@ -730,7 +746,10 @@ impl InstanceStats {
     ///   [`Self::invalid_op_kind`].
     /// * `flags` is the observation's raw flag word: bit 0 (`1`) = contended,
     ///   bit 1 (`2`) = miss / empty, mirroring `Observation::FLAG_CONTENDED`
-    ///   and `Observation::FLAG_MISS`; other bits are ignored.
+    ///   and `Observation::FLAG_MISS`; other bits are ignored, except bit 2
+    ///   (`4`, `Observation::FLAG_COUNT`): then `latency_ticks` is a number
+    ///   of uncontended operations, added to the count (saturating) with
+    ///   nothing else.
     /// * `latency_ticks == 0` means "not measured" and is not put into the
     ///   histogram (the op is still counted).
     /// * `producer_thread_id` feeds the distinct-thread set (only looked at
@@ -1521,7 +1540,8 @@ mod tests {
                 s.record(7, FLAG_MISS, 0, 1);
             }
             if i % 10 == 0 {
-                s.record(3, FLAG_CONTENDED | FLAG_MISS | 0xfffc, 10, 1);
+                // Bits above FLAG_COUNT mean nothing (yet) and are ignored.
+                s.record(3, FLAG_CONTENDED | FLAG_MISS | 0xfff8, 10, 1);
             }
         }
         let get = |k: u16| {
@@ -1540,6 +1560,26 @@ mod tests {
         assert!(s.op(0).is_none() && s.op(8).is_none());
         let kinds: Vec<u16> = s.ops_by_kind().map(|(k, _)| k).collect();
         assert_eq!(kinds, vec![1, 2, 3, 4, 5, 6, 7]);
+    }
+
+    /// A `FLAG_COUNT` observation adds its count to the op and nothing
+    /// else (other flags on it are ignored, no latency is recorded), its
+    /// thread is seen, and a hostile count saturates instead of wrapping.
+    #[test]
+    fn count_observations_add_uncontended_operations() {
+        let mut s = InstanceStats::new();
+        s.record(1, 0, 0, 1);
+        s.record(1, FLAG_COUNT, 64, 2);
+        s.record(1, FLAG_COUNT | FLAG_CONTENDED | FLAG_MISS, 5, 3);
+        s.record(1, FLAG_CONTENDED, 40, 1);
+        let op = s.op(1).unwrap();
+        assert_eq!((op.ops(), op.contended(), op.misses()), (71, 1, 0));
+        assert_eq!(op.latency().unwrap().count(), 1, "only the real wait");
+        assert_eq!(op.distinct_threads().count, 3);
+        s.record(2, FLAG_COUNT, u64::MAX - 1, 1);
+        s.record(2, FLAG_COUNT, 10, 1);
+        assert_eq!(s.op(2).unwrap().ops(), u64::MAX);
+        assert!(s.op(2).unwrap().latency().is_none());
     }
 
     #[test]

@@ -285,8 +285,13 @@ mod tests {
         assert_eq!(op(&r, op::NOTIFY_ALL), (1, 0, 1, 0));
         let waited = r.stats.op(op::WAIT).unwrap().latency().unwrap().max();
         assert!(crate::clock::calibration().ticks_to_ns(waited) >= 15_000_000);
-        // The mutex saw the waiter's initial lock and its relock.
-        let m = wait_for(&lock_name, |r| op(r, mutex::op::LOCK).0 >= 3);
+        // The mutex saw the waiter's initial lock and its relock, and this
+        // thread's lock: all three once it is dropped (uncontended `lock`s
+        // are counted, and the last count comes with the drop).
+        drop(pair);
+        let m = wait_for(&lock_name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, mutex::op::LOCK).0 >= 3
+        });
         assert_eq!(op(&m, mutex::op::LOCK).0, 3);
     }
 

@@ -7,7 +7,7 @@
 //! use subetha_core::Mutex;
 //!
 //! let pool = Mutex::named("db_pool", Vec::<u32>::new());
-//! pool.lock().push(7); // one `lock` observation; no clock read
+//! pool.lock().push(7); // counted as an uncontended `lock`; no clock read
 //! assert_eq!(pool.try_lock().map(|g| g.len()), Some(1));
 //! ```
 //!
@@ -28,6 +28,12 @@
 //!   take a timestamp, wait, and record the wait with
 //!   [`Observation::FLAG_CONTENDED`]. A failed `try_*` records
 //!   [`Observation::FLAG_MISS`].
+//! * **Uncontended `lock`s of a [`Mutex`] / [`AdaptiveMutex`] are counted,
+//!   not pushed one by one**: an observation with
+//!   [`Observation::FLAG_COUNT`] stands for the 1st, 2nd, 4th, … 64th, then
+//!   every 64 (see [`mutex`]); the rest come when the mutex is
+//!   dropped. Everything else (waits, `try_*`, misses, sampled holds, and
+//!   the other primitives' operations) is one observation per operation.
 //! * **Hold times are sampled**: 1 in 2^k acquisitions (k from the policy
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 64) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
@@ -52,11 +58,12 @@
 //! # Op kinds
 //!
 //! Latencies are raw ticks ([`crate::clock`]); 0 means "not measured".
-//! `C` = [`Observation::FLAG_CONTENDED`], `M` = [`Observation::FLAG_MISS`].
+//! `C` = [`Observation::FLAG_CONTENDED`], `M` = [`Observation::FLAG_MISS`],
+//! `N` = [`Observation::FLAG_COUNT`].
 //!
 //! | kind (code) | op | name | flags | latency |
 //! |---|---|---|---|---|
-//! | [`Mutex`] (1) | 1 | `lock` | C: had to wait | wait (0 if not contended) |
+//! | [`Mutex`] (1) | 1 | `lock` | C: had to wait; N: a count of uncontended `lock`s | wait (0 if not contended); with N, how many |
 //! | | 2 | `try_lock` | M: failed; timed variants: C waited, M timed out | wait of timed variants |
 //! | | 3 | `unlock` | — | sampled hold time |
 //! | [`RwLock`] (2) | 1 | `read` | C: had to wait (also recursive / upgradable reads) | wait |
@@ -534,6 +541,7 @@ pub(crate) fn ticks_per_spin_unit() -> u64 {
 /// Flag shorthands for the primitives.
 pub(crate) const CONTENDED: u16 = Observation::FLAG_CONTENDED;
 pub(crate) const MISS: u16 = Observation::FLAG_MISS;
+pub(crate) const COUNT: u16 = Observation::FLAG_COUNT;
 
 /// A name the registry accepts: control characters replaced, cut to 64
 /// bytes on a character boundary.
@@ -923,8 +931,12 @@ mod tests {
             .map(|_| {
                 let m = std::sync::Arc::clone(&m);
                 std::thread::spawn(move || {
+                    // Each `try_lock` is one observation (a success or a
+                    // miss); uncontended `lock`s would only be counted.
                     for _ in 0..1000 {
-                        *m.lock() += 1;
+                        if let Some(mut count) = m.try_lock() {
+                            *count += 1;
+                        }
                     }
                 })
             })
@@ -933,7 +945,7 @@ mod tests {
             t.join().unwrap();
         }
         let after = accounting::totals();
-        // At least the 3000 `lock` observations (other tests may add more).
+        // At least the 3000 `try_lock` observations (other tests may add more).
         assert!(after.attempted - before.attempted >= 3000, "{before:?} {after:?}");
         assert_eq!(after.attempted, after.queued + after.dropped + after.lost);
     }
