@@ -25,8 +25,8 @@
 //! the example alerts and dashboard in `contrib/` are built on these names
 //! and a test fails when one of theirs is not served.
 //!
-//! [`crate::otlp`] exports the same series (through [`views`] and the
-//! [`ProcessView`] label helpers) over OTLP.
+//! [`crate::otlp`] exports the same series (through `views` and the
+//! `ProcessView` label helpers) over OTLP.
 //!
 //! # Summaries, not histograms
 //!

@@ -3,7 +3,7 @@
 //! A low-overhead observation pipeline for concurrency primitives.
 //! Instrumented code pushes one 24-byte [`Observation`] per operation into
 //! a thread-local [`ObservationRing`] that lives in a shared-memory
-//! [segment](segment); a consumer — the in-process [`Sidecar`] or the
+//! [segment]; a consumer — the in-process [`Sidecar`] or the
 //! out-of-process agent — drains every ring into per-instance
 //! [`InstanceStats`]. Pushing never blocks: a full ring drops the
 //! observation and counts the drop, and the edges of each run of drops call

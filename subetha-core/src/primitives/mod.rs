@@ -592,7 +592,7 @@ fn site_name(site: &Location<'_>) -> String {
 ///
 /// Counting is per thread (plain stores into the thread's own counters, no
 /// shared cache line); a thread's counts move into a process total when it
-/// exits. [`totals`] sums both, and is exact for every thread that has been
+/// exits. [`totals`](accounting::totals) sums both, and is exact for every thread that has been
 /// joined (or is the caller).
 pub mod accounting {
     use std::sync::Arc;
