@@ -21,7 +21,7 @@ use crate::{cargo, workspace_root};
 pub struct DemoArgs {
     /// How long the workload runs.
     #[arg(long, default_value = "6")]
-    seconds: u64,
+    pub(crate) seconds: u64,
 }
 
 /// Kills the child when dropped (unless it already exited).

@@ -3,7 +3,8 @@
 //!
 //! * `setup` — what a fresh machine lacks for the eBPF probes (idempotent).
 //! * `ci`    — setup, then everything CI checks: formatting, clippy with
-//!   warnings as errors, the whole test suite, and the loom models.
+//!   warnings as errors, the whole test suite, the loom models, and the
+//!   demo.
 //! * `bench` — the comparative benchmarks, summarised as one table.
 //! * `demo`  — the agent and an instrumented workload, with a drop storm.
 //! * `fuzz`  — the cargo-fuzz targets, for a bounded time.
@@ -32,7 +33,7 @@ struct Cli {
 enum Task {
     /// Install what a fresh machine lacks (nightly rust-src, bpf-linker, tracefs).
     Setup,
-    /// Setup, then format check, clippy -D warnings, all tests, loom models.
+    /// Setup, then format check, clippy -D warnings, all tests, loom models, the demo.
     Ci,
     /// Run the comparative benchmarks and print one table with ratios.
     Bench(bench::BenchArgs),
@@ -108,6 +109,9 @@ fn ci() -> Result<()> {
         ],
         &loom,
     )?;
+    // The README's other command: the demo, with its storm and its books,
+    // so that a change that breaks it fails here, not in a newcomer's hands.
+    demo::run(&demo::DemoArgs { seconds: 6 })?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
 }

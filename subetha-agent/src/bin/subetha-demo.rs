@@ -177,7 +177,10 @@ fn main() -> anyhow::Result<()> {
     for handle in handles {
         let _ = handle.join();
     }
-    // Every thread that observed has been joined: the tally is exact.
+    // Dropping the primitives reports what they still held back (a mutex's
+    // last count of uncontended locks); every thread that observed has
+    // been joined: the tally is exact.
+    drop(shared);
     let truth = accounting::totals();
     if args.report
         && let Some(sidecar) = subetha_core::process_sidecar()
@@ -185,7 +188,7 @@ fn main() -> anyhow::Result<()> {
         sidecar.scan_now();
         let snapshot = sidecar.snapshot();
         eprintln!("in-process sidecar (draining: {}):", snapshot.draining);
-        for record in &snapshot.instances {
+        for record in snapshot.instances.iter().chain(&snapshot.retired) {
             eprintln!(
                 "  {:<12} {:<8} ops {:>10} contended {:>8} misses {:>8} drops {:>8}",
                 record.meta.name,
