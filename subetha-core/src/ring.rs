@@ -289,10 +289,9 @@ impl ObservationRing {
             // SAFETY: `reserve` saw `tail - head < CAPACITY`, so slot `tail`
             // is outside the consumer's readable range `[head, tail)` and, by
             // its Acquire (now or when `cached_head` was loaded), the consumer
-            // has finished reading it. Only this producer writes slots. The
-            // slot is 24 bytes at an 8-byte aligned address (the buffer
-            // starts at byte 128 of a 64-byte aligned ring; slots are 24
-            // bytes), so it holds three aligned u64s.
+            // has finished reading it. Only this producer writes slots. An
+            // `Observation` is 24 bytes aligned to 8 (it holds a `u64`; see
+            // the layout test), so the slot holds three aligned `u64`s.
             unsafe {
                 let slot = slot.cast::<u64>();
                 slot.write(words[0]);
