@@ -4,9 +4,10 @@
 //! all of them subetha primitives (`subetha_core::Mutex`,
 //! `subetha_core::Channel`), so every operation is observed by the
 //! primitive itself (with its wait time when it had to wait, and sampled
-//! hold times; uncontended `lock`s as counts). `--burst` makes one thread poll `try_lock` on a lock it
-//! holds — a long uninterrupted run of failed `try_lock`s, more than a ring
-//! holds — every `--burst-every`, so the consumer sees a drop storm.
+//! hold times; uncontended `lock`s as counts). `--burst` makes one thread
+//! poll `try_lock` on a lock it holds — a long uninterrupted run of failed
+//! `try_lock`s, more than a ring holds — every `--burst-every`, so the
+//! consumer sees a drop storm.
 //! `--churn` keeps spawning short-lived threads that use the same
 //! primitives.
 //!

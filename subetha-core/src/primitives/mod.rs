@@ -592,8 +592,8 @@ fn site_name(site: &Location<'_>) -> String {
 ///
 /// Counting is per thread (plain stores into the thread's own counters, no
 /// shared cache line); a thread's counts move into a process total when it
-/// exits. [`totals`](accounting::totals) sums both, and is exact for every thread that has been
-/// joined (or is the caller).
+/// exits. [`totals`](accounting::totals) sums both, and is exact for every
+/// thread that has been joined (or is the caller).
 pub mod accounting {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1168,10 +1168,9 @@ mod tests {
         assert_eq!(lock.distinct_threads().count, 2);
     }
 
-    /// Takes `m` `n` times in chunks small enough for the ring, waiting for
-    /// the sidecar to drain each chunk; returns the record afterwards.
-    /// `n` uncontended locks, in chunks, each waited for until the consumer
-    /// has every count that is due.
+    /// Takes `m` `n` times in chunks small enough for the ring, waiting
+    /// after each chunk until the sidecar has every count that is due;
+    /// returns the record afterwards.
     fn lock_n(m: &Mutex<()>, name: &str, n: u64) -> crate::drain::InstanceRecord {
         let mut done = 0;
         let mut record = None;
