@@ -112,7 +112,9 @@ pub(crate) fn on_process_segment_created(segment: &'static Segment) {
     }
 }
 
-/// The process's automatically started sidecar, if any.
+/// The process's automatically started sidecar, if any. The thread that
+/// creates the process segment starts it right after publishing the
+/// segment, so another thread may briefly see `None` in between.
 pub fn process_sidecar() -> Option<&'static Sidecar> {
     let ptr = GLOBAL.load(Ordering::Acquire);
     // SAFETY: GLOBAL only ever holds a leaked, never-freed Sidecar.

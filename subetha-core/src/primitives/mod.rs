@@ -456,7 +456,12 @@ impl Sampler {
     /// `n & mask == 0`; [`Sampler::OFF`] = never.
     #[inline(always)]
     fn mask(&self) -> u32 {
-        match PolicyWord(self.word.load(Ordering::Relaxed)).sample_shift() {
+        Self::mask_of(PolicyWord(self.word.load(Ordering::Relaxed)))
+    }
+
+    /// The hold-sampling mask of `word`.
+    const fn mask_of(word: PolicyWord) -> u32 {
+        match word.sample_shift() {
             Some(shift) => (1u32 << shift) - 1,
             None => Self::OFF,
         }
@@ -467,7 +472,12 @@ impl Sampler {
     /// under it ⇒ call [`Sampler::wants_sample`] / refresh.
     #[inline(always)]
     pub(crate) fn check_mask(&self) -> u32 {
-        self.mask() & (REFRESH_EVERY - 1)
+        Self::check_mask_of(PolicyWord(self.word.load(Ordering::Relaxed)))
+    }
+
+    /// [`check_mask`](Self::check_mask) for a cached `word`.
+    pub(crate) const fn check_mask_of(word: PolicyWord) -> u32 {
+        Self::mask_of(word) & (REFRESH_EVERY - 1)
     }
 
     /// Whether operation `n` is a sampled one.
@@ -754,6 +764,12 @@ pub(crate) mod test_support {
     pub(crate) fn init() {
         set_sidecar_mode(SidecarMode::Always);
         crate::registry::process_segment().expect("process segment");
+        // The thread that created the segment starts the sidecar just after
+        // publishing it: another test's thread may get here in between.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_sidecar().is_none() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
     }
 
     /// Polls the sidecar until the record of `name` (live or retired)
