@@ -10,7 +10,10 @@
 //!    copy, one `head` publish per batch; at most two ring-fulls per ring per
 //!    scan so a busy producer cannot starve the others), attributing each
 //!    observation to its instance if the id's index *and generation* match a
-//!    known entry, and counting it as unattributed otherwise.
+//!    known entry. An observation whose entry step 1 did not know yet (the
+//!    instance registered while the scan ran, and at once pushed) is set
+//!    aside and, after the rings, its entry is read again; only if that
+//!    still does not match is it counted as unattributed.
 //! 3. Reads each ring's producer-owned drop counter and episode state:
 //!    new drops are added to the ring's and (where the episode names it) the
 //!    instance's totals, new drop episodes enter a bounded history.
@@ -252,7 +255,15 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     next_episode_seq: u64,
     totals: DrainTotals,
     batch: Box<[Observation; BATCH]>,
+    /// Observations of entries this scan's table refresh did not know, to
+    /// be attributed after the rings (at most [`LATE_PER_SCAN`]).
+    late: Vec<Observation>,
 }
+
+/// Observations per scan whose entry is read again before they count as
+/// unattributed: enough for instances registered during a scan, and a
+/// bound on what a hostile segment full of bad ids can make a scan do.
+const LATE_PER_SCAN: usize = 1024;
 
 impl<V: AsRef<SegmentView>> std::fmt::Debug for Drainer<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -288,6 +299,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             next_episode_seq: 1,
             totals: DrainTotals::default(),
             batch: Box::new([Observation::ZERO; BATCH]),
+            late: Vec::new(),
         }
     }
 
@@ -380,6 +392,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         for index in 0..rings {
             self.scan_ring(index, started, &mut report, &mut hooked);
         }
+        self.attribute_late(started);
         report.freed_instances = self.free_retired_instances();
         report.duration_ns = clock::monotonic_ns().saturating_sub(started);
         self.totals.drained += report.drained;
@@ -417,59 +430,100 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
     fn refresh_instances(&mut self) {
         let count = self.view().instances_in_use();
-        if self.instances.len() < count as usize {
-            self.instances.resize_with(count as usize, || None);
-        }
         let recheck = self.totals.scans % UNTOUCHED_RECHECK == 1;
         for index in 0..count {
-            let page = (index / INSTANCES_PER_PAGE) as usize;
-            let offset = self.view.as_ref().instance_offset(index);
-            if !Self::may_read(
-                self.view.as_ref(),
-                &mut self.instance_pages_touched,
-                page,
-                offset,
-                size_of::<InstanceEntry>(),
-                recheck,
-            ) {
-                continue; // never written: FREE
-            }
-            let Some(entry) = self.view.as_ref().instance(index) else {
+            if !self.refresh_instance(index, recheck) {
                 break;
-            };
-            // Acquire: pairs with the registrar's Release of LIVE / RETIRED.
-            let state = entry.state.load(Ordering::Acquire);
-            let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
-            let tracked = &mut self.instances[index as usize];
-            let known = tracked.as_ref().is_some_and(|t| t.generation == generation);
-            match state {
-                instance_state::LIVE | instance_state::RETIRED => {
-                    if !known {
-                        if let Some(old) = tracked.take() {
-                            Self::keep_retired(&mut self.retired, old.record);
-                        }
-                        *tracked = Some(Box::new(Tracked {
-                            generation,
-                            retiring: false,
-                            record: InstanceRecord {
-                                meta: InstanceMeta::read(entry, index, generation),
-                                stats: InstanceStats::new(),
-                            },
-                        }));
-                    }
-                    if state == instance_state::RETIRED
-                        && let Some(t) = tracked
-                    {
-                        t.retiring = true;
-                    }
-                }
-                _ => {
+            }
+        }
+    }
+
+    /// Brings the picture of instance entry `index` up to date. Returns
+    /// false if the table has no such entry.
+    fn refresh_instance(&mut self, index: u32, recheck: bool) -> bool {
+        if self.instances.len() <= index as usize {
+            let count = self.view().instances_in_use();
+            if index >= count {
+                return false;
+            }
+            self.instances.resize_with(count as usize, || None);
+        }
+        let page = (index / INSTANCES_PER_PAGE) as usize;
+        let offset = self.view.as_ref().instance_offset(index);
+        if !Self::may_read(
+            self.view.as_ref(),
+            &mut self.instance_pages_touched,
+            page,
+            offset,
+            size_of::<InstanceEntry>(),
+            recheck,
+        ) {
+            return true; // never written: FREE
+        }
+        let Some(entry) = self.view.as_ref().instance(index) else {
+            return false;
+        };
+        // Acquire: pairs with the registrar's Release of LIVE / RETIRED.
+        let state = entry.state.load(Ordering::Acquire);
+        let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
+        let tracked = &mut self.instances[index as usize];
+        let known = tracked.as_ref().is_some_and(|t| t.generation == generation);
+        match state {
+            instance_state::LIVE | instance_state::RETIRED => {
+                if !known {
                     if let Some(old) = tracked.take() {
                         Self::keep_retired(&mut self.retired, old.record);
                     }
+                    *tracked = Some(Box::new(Tracked {
+                        generation,
+                        retiring: false,
+                        record: InstanceRecord {
+                            meta: InstanceMeta::read(entry, index, generation),
+                            stats: InstanceStats::new(),
+                        },
+                    }));
+                }
+                if state == instance_state::RETIRED
+                    && let Some(t) = tracked
+                {
+                    t.retiring = true;
+                }
+            }
+            _ => {
+                if let Some(old) = tracked.take() {
+                    Self::keep_retired(&mut self.retired, old.record);
                 }
             }
         }
+        true
+    }
+
+    /// Attributes the observations set aside during the ring drains: reads
+    /// each one's entry again (it may have registered after this scan's
+    /// refresh) and counts it as unattributed only if that does not match.
+    fn attribute_late(&mut self, now: u64) {
+        let mut late = std::mem::take(&mut self.late);
+        // One entry read per distinct id, however many observations carry it.
+        late.sort_unstable_by_key(|obs| obs.instance_id);
+        let mut refreshed = None;
+        for obs in &late {
+            let index = (obs.instance_id & 0xFFFF).wrapping_sub(1);
+            let generation = obs.instance_id >> 16;
+            if refreshed != Some(obs.instance_id) {
+                refreshed = Some(obs.instance_id);
+                self.refresh_instance(index, true);
+            }
+            match self.instances.get_mut(index as usize).and_then(Option::as_mut) {
+                Some(t) if t.generation == generation => {
+                    let stats = &mut t.record.stats;
+                    stats.record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
+                    stats.touch(now);
+                }
+                _ => self.totals.unattributed += 1,
+            }
+        }
+        late.clear();
+        self.late = late;
     }
 
     fn keep_retired(retired: &mut VecDeque<InstanceRecord>, mut record: InstanceRecord) {
@@ -585,7 +639,14 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         }
         let fill = slot.ring.len() as u32;
         report.max_fill = report.max_fill.max(fill);
-        match drain_ring(slot, &mut self.batch, &mut self.instances, now, &mut self.totals) {
+        match drain_ring(
+            slot,
+            &mut self.batch,
+            &mut self.instances,
+            &mut self.late,
+            now,
+            &mut self.totals,
+        ) {
             Ok((drained, left_full)) => {
                 record.drained += drained;
                 report.drained += drained;
@@ -776,6 +837,7 @@ fn drain_ring(
     slot: &RingSlot,
     batch: &mut [Observation; BATCH],
     instances: &mut [Option<Box<Tracked>>],
+    late: &mut Vec<Observation>,
     now: u64,
     totals: &mut DrainTotals,
 ) -> Result<(u64, bool), RingCorrupt> {
@@ -798,6 +860,7 @@ fn drain_ring(
                         last_index = index;
                     }
                 }
+                _ if late.len() < LATE_PER_SCAN => late.push(*obs),
                 _ => totals.unattributed += 1,
             }
         }
@@ -892,6 +955,44 @@ mod tests {
         );
         assert_eq!(ring0.drained_total.load(Ordering::Relaxed), 1000);
         assert!(ring0.ring.is_empty() && ring1.ring.is_empty());
+    }
+
+    /// An instance that registers after a scan has read the table, and
+    /// pushes at once, does not lose those observations to "unattributed":
+    /// the scan reads its entry again before giving up on them. Ids that
+    /// match no entry still count as unattributed, once each.
+    #[test]
+    fn an_instance_registered_during_a_scan_keeps_its_observations() {
+        let segment = segment(2);
+        let view = segment.view();
+        let ring = activate(view, 0, 7);
+        let mut drainer = Drainer::attach(view).unwrap();
+        let early = register_in(view, MUTEX, "early").unwrap();
+        push(ring, early, 1, 0, 0);
+        drainer.scan();
+        // A scan's first step (the table) has run; then the registration
+        // and its pushes land; then the scan's rings are drained.
+        drainer.refresh_instances();
+        let late = register_in(view, MUTEX, "late").unwrap();
+        push(ring, late, 1, 0, 0);
+        push(ring, late, 2, Observation::FLAG_MISS, 0);
+        push(ring, 0xFFFF_0005, 1, 0, 0); // no such instance
+        push(ring, 0xFFFF_0005, 1, 0, 0);
+        let (mut report, mut hooked) = (ScanReport::default(), false);
+        let now = clock::monotonic_ns();
+        drainer.scan_ring(0, now, &mut report, &mut hooked);
+        assert_eq!(report.drained, 4);
+        drainer.attribute_late(now);
+        let record = drainer.instances().find(|r| r.meta.id == late).unwrap();
+        assert_eq!(record.meta.name, "late");
+        assert_eq!(record.stats.total_ops(), 2);
+        assert_eq!(drainer.totals().unattributed, 2);
+        // The next full scan finds nothing left over and does not count the
+        // late instance twice.
+        drainer.scan();
+        let record = drainer.instances().find(|r| r.meta.id == late).unwrap();
+        assert_eq!(record.stats.total_ops(), 2);
+        assert_eq!(drainer.totals().unattributed, 2);
     }
 
     #[test]

@@ -789,7 +789,7 @@ pub(crate) mod test_support {
             }
             if Instant::now() >= deadline {
                 // Where a missing observation could have gone: no ring for
-                // its thread, or a full one.
+                // its thread, a full one, or an id the consumer did not know.
                 let segment = crate::registry::process_segment().expect("process segment");
                 let lost = segment
                     .view()
@@ -800,9 +800,10 @@ pub(crate) mod test_support {
                     .filter_map(|i| segment.view().ring_slot(i))
                     .map(|slot| slot.ring.dropped())
                     .sum();
+                let unattributed = sidecar.snapshot().totals.unattributed;
                 panic!(
                     "timed out waiting for {name}: {:?}; process-wide: {lost} observations lost without a \
-                     ring, {dropped} dropped by full rings",
+                     ring, {dropped} dropped by full rings, {unattributed} drained but unattributed",
                     record.map(|r| summarize(&r))
                 );
             }
