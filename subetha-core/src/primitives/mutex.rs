@@ -377,7 +377,9 @@ impl RawMutex {
 
     /// Re-reads the policy word now (normally done every
     /// [`REFRESH_EVERY`](super::REFRESH_EVERY) acquisitions and on every
-    /// contended one) and returns it.
+    /// contended one) and returns it. Uncontended `lock`s pick up a finer
+    /// sampling level at their next bookkeeping, at most [`COUNT_BATCH`]
+    /// `lock`s later; everything else at once.
     pub fn refresh_policy(&self) -> PolicyWord {
         let word = self.probe.policy_word();
         self.sampler.apply(word);
