@@ -234,6 +234,9 @@ pub struct ScanReport {
 struct Tracked {
     generation: u32,
     retiring: bool,
+    /// The scan time `record` was last touched at: each instance is
+    /// touched once per scan, not once per observation.
+    touched_at: u64,
     record: InstanceRecord,
 }
 
@@ -477,6 +480,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                     *tracked = Some(Box::new(Tracked {
                         generation,
                         retiring: false,
+                        touched_at: 0,
                         record: InstanceRecord {
                             meta: InstanceMeta::read(entry, index, generation),
                             stats: InstanceStats::new(),
@@ -515,9 +519,13 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             }
             match self.instances.get_mut(index as usize).and_then(Option::as_mut) {
                 Some(t) if t.generation == generation => {
-                    let stats = &mut t.record.stats;
-                    stats.record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
-                    stats.touch(now);
+                    t.record
+                        .stats
+                        .record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
+                    if t.touched_at != now {
+                        t.touched_at = now;
+                        t.record.stats.touch(now);
+                    }
                 }
                 _ => self.totals.unattributed += 1,
             }
@@ -848,16 +856,16 @@ fn drain_ring(
             return Ok((drained as u64, false));
         }
         drained += n;
-        let mut last_index = usize::MAX;
         for obs in &batch[..n] {
             let index = (obs.instance_id & 0xFFFF).wrapping_sub(1) as usize;
             match instances.get_mut(index).and_then(Option::as_mut) {
                 Some(t) if t.generation == obs.instance_id >> 16 => {
-                    let stats = &mut t.record.stats;
-                    stats.record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
-                    if index != last_index {
-                        stats.touch(now);
-                        last_index = index;
+                    t.record
+                        .stats
+                        .record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
+                    if t.touched_at != now {
+                        t.touched_at = now;
+                        t.record.stats.touch(now);
                     }
                 }
                 _ if late.len() < LATE_PER_SCAN => late.push(*obs),
