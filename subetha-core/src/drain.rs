@@ -240,6 +240,20 @@ struct Tracked {
     record: InstanceRecord,
 }
 
+impl Tracked {
+    /// Adds `obs` (of this instance) to the statistics, in a scan that
+    /// started at `now`.
+    #[inline(always)]
+    fn account(&mut self, obs: &Observation, now: u64) {
+        let stats = &mut self.record.stats;
+        stats.record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
+        if self.touched_at != now {
+            self.touched_at = now;
+            stats.touch(now);
+        }
+    }
+}
+
 /// Drains one segment. Holds the segment's consumer lease while it lives.
 pub struct Drainer<V: AsRef<SegmentView>> {
     view: V,
@@ -518,15 +532,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                 self.refresh_instance(index, true);
             }
             match self.instances.get_mut(index as usize).and_then(Option::as_mut) {
-                Some(t) if t.generation == generation => {
-                    t.record
-                        .stats
-                        .record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
-                    if t.touched_at != now {
-                        t.touched_at = now;
-                        t.record.stats.touch(now);
-                    }
-                }
+                Some(t) if t.generation == generation => t.account(obs, now),
                 _ => self.totals.unattributed += 1,
             }
         }
@@ -859,15 +865,7 @@ fn drain_ring(
         for obs in &batch[..n] {
             let index = (obs.instance_id & 0xFFFF).wrapping_sub(1) as usize;
             match instances.get_mut(index).and_then(Option::as_mut) {
-                Some(t) if t.generation == obs.instance_id >> 16 => {
-                    t.record
-                        .stats
-                        .record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
-                    if t.touched_at != now {
-                        t.touched_at = now;
-                        t.record.stats.touch(now);
-                    }
-                }
+                Some(t) if t.generation == obs.instance_id >> 16 => t.account(obs, now),
                 _ if late.len() < LATE_PER_SCAN => late.push(*obs),
                 _ => totals.unattributed += 1,
             }
