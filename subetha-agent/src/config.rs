@@ -83,7 +83,7 @@ pub struct ScanArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub discovery_interval: Duration,
     /// Longest pause between scans (the interval adapts below it).
-    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub max_scan_interval: Duration,
     /// Shortest pause between scans.
     #[arg(long, default_value = "100us", value_parser = humantime::parse_duration)]
@@ -606,7 +606,12 @@ mod tests {
     fn without_file_or_flags_the_flag_defaults_apply() {
         let settings = resolve(&[], None).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:9464".parse().unwrap());
-        assert_eq!(settings.max_scan_interval, Duration::from_millis(10));
+        assert_eq!(settings.max_scan_interval, Duration::from_millis(20));
+        // The flag's default is the library's.
+        assert_eq!(
+            settings.max_scan_interval,
+            crate::agent::DEFAULT_MAX_SCAN_INTERVAL
+        );
         assert_eq!(settings.min_scan_interval, Duration::from_micros(100));
         assert_eq!(settings.retention, Duration::from_secs(600));
         assert_eq!(settings.probes, Probes::Auto);
@@ -689,8 +694,8 @@ mod tests {
         assert_eq!(settings.listen, "127.0.0.1:1234".parse().unwrap());
         assert_eq!(settings.discovery_interval, Duration::from_secs(1), "default");
         // A flag given with its default value still beats the file.
-        let settings = resolve(&["--max-scan-interval", "10ms"], Some(text)).unwrap();
-        assert_eq!(settings.max_scan_interval, Duration::from_millis(10));
+        let settings = resolve(&["--max-scan-interval", "20ms"], Some(text)).unwrap();
+        assert_eq!(settings.max_scan_interval, Duration::from_millis(20));
     }
 
     #[test]
