@@ -199,7 +199,7 @@ struct Tracked {
 /// How long a measurement of a segment's resident bytes is reused.
 /// `mincore` over a whole segment walks every page of it (a segment
 /// reserves tens of MiB of ring slots); measured at every 250 ms publish it
-/// was a seventh of an idle agent's CPU time.
+/// held a seventh of an idle agent's `perf` samples.
 const RESIDENT_REFRESH: Duration = Duration::from_secs(5);
 
 struct State {
