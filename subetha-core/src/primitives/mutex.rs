@@ -840,8 +840,10 @@ impl RawMutex {
 }
 
 // SAFETY: `state` implements `parking_lot`'s mutex protocol: the lock is
-// held exactly while LOCKED_BIT is set by the holder's successful Acquire
-// CAS (or a fair hand-off), and released by a Release store or CAS.
+// held exactly while LOCKED_BIT is set by the holder's Acquire test-and-set
+// or compare-and-swap that found it clear (or by a fair hand-off), and
+// released by a Release add, store or compare-and-swap that clears it. The
+// count bits beside it are only changed by the holder, in those releases.
 unsafe impl lock_api::RawMutex for RawMutex {
     /// An unobserved raw mutex (no instance).
     #[allow(clippy::declare_interior_mutable_const)]
