@@ -277,6 +277,18 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     late: Vec<Observation>,
 }
 
+/// Whether a refresh of an instance entry may mark a retired one for freeing
+/// at the end of this scan.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retirement {
+    /// At the start of a scan: a retirement seen now happened before this
+    /// scan drained any ring, so the scan drains all it pushed.
+    Note,
+    /// After the rings: the entry may have retired after some of its rings
+    /// were drained; the next scan's start notes it.
+    NextScan,
+}
+
 /// Observations per scan whose entry is read again before they count as
 /// unattributed: enough for instances registered during a scan, and a
 /// bound on what a hostile segment full of bad ids can make a scan do.
@@ -449,7 +461,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         let count = self.view().instances_in_use();
         let recheck = self.totals.scans % UNTOUCHED_RECHECK == 1;
         for index in 0..count {
-            if !self.refresh_instance(index, recheck) {
+            if !self.refresh_instance(index, recheck, Retirement::Note) {
                 break;
             }
         }
@@ -457,7 +469,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
     /// Brings the picture of instance entry `index` up to date. Returns
     /// false if the table has no such entry.
-    fn refresh_instance(&mut self, index: u32, recheck: bool) -> bool {
+    fn refresh_instance(&mut self, index: u32, recheck: bool, retirement: Retirement) -> bool {
         if self.instances.len() <= index as usize {
             let count = self.view().instances_in_use();
             if index >= count {
@@ -502,6 +514,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                     }));
                 }
                 if state == instance_state::RETIRED
+                    && retirement == Retirement::Note
                     && let Some(t) = tracked
                 {
                     t.retiring = true;
@@ -529,7 +542,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             let generation = obs.instance_id >> 16;
             if refreshed != Some(obs.instance_id) {
                 refreshed = Some(obs.instance_id);
-                self.refresh_instance(index, true);
+                self.refresh_instance(index, true, Retirement::NextScan);
             }
             match self.instances.get_mut(index as usize).and_then(Option::as_mut) {
                 Some(t) if t.generation == generation => t.account(obs, now),
@@ -993,6 +1006,24 @@ mod tests {
         assert_eq!(record.meta.name, "late");
         assert_eq!(record.stats.total_ops(), 2);
         assert_eq!(drainer.totals().unattributed, 2);
+        // An instance that registered and retired while a scan ran keeps its
+        // entry until a scan that starts after the retirement: another of its
+        // threads' rings may hold pushes this scan drained too early to see.
+        drainer.refresh_instances();
+        let brief = register_in(view, MUTEX, "brief").unwrap();
+        push(ring, brief, 1, 0, 0);
+        drainer.scan_ring(0, now + 1, &mut report, &mut hooked);
+        let entry = view.instance(entry_index(brief).unwrap()).unwrap();
+        entry.state.store(instance_state::RETIRED, Ordering::Release);
+        drainer.attribute_late(now + 1);
+        assert_eq!(drainer.free_retired_instances(), 0);
+        assert!(drainer.instances().any(|r| r.meta.id == brief));
+        let ring1 = activate(view, 1, 8);
+        push(ring1, brief, 2, 0, 0);
+        let report = drainer.scan();
+        assert_eq!(report.freed_instances, 1);
+        let record = drainer.retired().find(|r| r.meta.id == brief).unwrap();
+        assert_eq!(record.stats.total_ops(), 2);
         // The next full scan finds nothing left over and does not count the
         // late instance twice.
         drainer.scan();
