@@ -741,8 +741,10 @@ impl RawMutex {
             // Plain stores, as in `parking_lot`: the lock is still ours and
             // the queue is locked, so the one concurrent change is a waiter
             // setting PARKED_BIT before it parks, and its park re-validates
-            // the word under the queue lock after this callback. The count
-            // bits are only changed by the holder.
+            // the word under the queue lock after this callback. (Another
+            // thread's `lock bts` finds the bit set and changes nothing; an
+            // earlier holder's `wake_one_released` runs under the same
+            // queue lock.) The count bits are only changed by the holder.
             let counted = (self.state.load(Ordering::Relaxed) & COUNT_BITS).wrapping_add(count);
             let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
             if result.unparked_threads != 0 && (force_fair || result.be_fair) {
