@@ -731,6 +731,7 @@ impl State {
                         cpu_in: interval.cpu_in,
                         holder_pid: interval.holder_pid,
                         holder_comm: interval.holder_comm.clone(),
+                        switch_in_unseen: interval.switch_in_unseen,
                     });
                 }
                 ProbeEvent::DropBegin { tid, cpu, ts_ns, .. } => {

@@ -45,6 +45,10 @@ pub struct OffCpu {
     pub holder_pid: u32,
     /// Its command name.
     pub holder_comm: String,
+    /// The kernel reported no tracepoint for the switch-in: `in_ns` is the
+    /// scheduler's own record of it, read at the next switch-out, and the
+    /// holder may be unknown (pid 0).
+    pub switch_in_unseen: bool,
 }
 
 impl OffCpu {
@@ -201,6 +205,18 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     if let Some(longest) = overlapping.iter().max_by_key(|o| o.runnable_wait_ns())
         && explains(longest.runnable_wait_ns())
     {
+        if longest.switch_in_unseen {
+            evidence.push(
+                "the kernel reported no sched_switch for the scanner's return: its time is the scheduler's \
+                 last_arrival, read when the scanner next left the CPU"
+                    .to_string(),
+            );
+        }
+        let holder = if longest.holder_pid == 0 {
+            "a task no switch reported".to_string()
+        } else {
+            format!("{} (pid {})", longest.holder_comm, longest.holder_pid)
+        };
         evidence.push(format!(
             "scanner {} off-CPU {}–{} ({}), runnable for {}",
             longest.tid,
@@ -216,11 +232,9 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         return Cause {
             kind: "scanner_preempted".into(),
             summary: format!(
-                "the scanner was runnable but off-CPU for {} on CPU {}, preempted by {} (pid {})",
+                "the scanner was runnable but off-CPU for {} on CPU {}, preempted by {holder}",
                 ms(longest.runnable_wait_ns()),
                 longest.cpu_in,
-                longest.holder_comm,
-                longest.holder_pid
             ),
             confidence: "high".into(),
             evidence,
@@ -228,7 +242,7 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 begin_mono_ns: longest.runnable_since(),
                 end_mono_ns: longest.in_ns,
             }),
-            culprit: Some(Culprit {
+            culprit: (longest.holder_pid != 0).then(|| Culprit {
                 pid: longest.holder_pid,
                 comm: longest.holder_comm.clone(),
                 cpu: longest.cpu_in,
@@ -563,10 +577,12 @@ mod tests {
             cpu_in: 1,
             holder_pid: 4242,
             holder_comm: "hog".into(),
+            switch_in_unseen: false,
         }];
         let cause = diagnose(&s, &facts(&off, &[]));
         assert_eq!(cause.kind, "scanner_preempted");
         assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
+        assert!(!cause.evidence.iter().any(|e| e.contains("last_arrival")));
         assert!(cause.summary.contains("52.000 ms"), "{}", cause.summary);
         assert_eq!(cause.confidence, "high");
         let interval = cause.interval.expect("interval");
@@ -578,6 +594,46 @@ mod tests {
             cause.culprit.map(|c| (c.pid, c.comm)),
             Some((4242, "hog".to_string()))
         );
+    }
+
+    #[test]
+    fn a_preemption_whose_return_the_kernel_did_not_report_is_still_named() {
+        let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
+        let seen = OffCpu {
+            tid: 7,
+            out_ns: 998 * MS,
+            in_ns: 1051 * MS,
+            state: 1,
+            wakeup_ns: Some(999 * MS),
+            cpu_out: 1,
+            cpu_in: 1,
+            holder_pid: 4242,
+            holder_comm: "hog".into(),
+            switch_in_unseen: true,
+            ..OffCpu::default()
+        };
+        let cause = diagnose(&s, &facts(std::slice::from_ref(&seen), &[]));
+        assert_eq!(cause.kind, "scanner_preempted");
+        assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
+        assert!(
+            cause.evidence.iter().any(|e| e.contains("no sched_switch")),
+            "{:?}",
+            cause.evidence
+        );
+        // No stretch seen on the CPU: the cause stands, with no culprit.
+        let unknown = [OffCpu {
+            holder_pid: 0,
+            holder_comm: String::new(),
+            ..seen
+        }];
+        let cause = diagnose(&s, &facts(&unknown, &[]));
+        assert_eq!(cause.kind, "scanner_preempted");
+        assert!(
+            cause.summary.contains("a task no switch reported"),
+            "{}",
+            cause.summary
+        );
+        assert_eq!(cause.culprit, None);
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub mod global {
     /// `u32`: offset of `sched_info.last_queued` (`u64`, the runqueue clock
     /// when it was queued; 0 while running or asleep) in `task_struct`.
     pub const TASK_LAST_QUEUED_OFFSET: &str = "SUBETHA_TASK_LAST_QUEUED_OFFSET";
+    /// `u32`: offset of `sched_info.last_arrival` (`u64`, the runqueue
+    /// clock when the task last got a CPU) in `task_struct`.
+    pub const TASK_LAST_ARRIVAL_OFFSET: &str = "SUBETHA_TASK_LAST_ARRIVAL_OFFSET";
     /// `u32`: offset of `se.cfs_rq` (a pointer to the task's CFS runqueue)
     /// in `task_struct`.
     pub const TASK_CFS_RQ_OFFSET: &str = "SUBETHA_TASK_CFS_RQ_OFFSET";
@@ -215,6 +218,19 @@ pub mod kind {
     }
 }
 
+/// Bits of [`OffCpuEvent::flags`].
+pub mod off_cpu_flag {
+    /// The kernel reported no `sched_switch` for the switch-in: the event
+    /// was made at the thread's next switch-out, `in_ts` is when the
+    /// scheduler says the thread got the CPU (`sched_info.last_arrival`,
+    /// BTF programs) or the last switch seen on that CPU before (classic
+    /// programs, an early bound), and the holder is the longest stretch
+    /// seen on the CPU (0 when none was). Some kernels leave out the
+    /// tracepoint for switches away from some tasks (seen on a Firecracker
+    /// guest for threads of its init process).
+    pub const SWITCH_IN_UNSEEN: u32 = 1;
+}
+
 /// Roles of watched threads ([`WatchedTask::role`]).
 pub mod role {
     /// A consumer's scan thread.
@@ -261,10 +277,14 @@ pub struct HookEvent {
 
 /// A watched thread got back on a CPU after being off it.
 ///
-/// `header.ts_ns` is the switch-in time, `header.cpu` the CPU it got back
-/// on, `header.tid` the thread and `header.pid` its process (recorded at
-/// switch-out). Runqueue wait is `ts_ns - out_ts` when `out_state == 0`
-/// (preempted while runnable) and `ts_ns - wakeup_ts` otherwise.
+/// `header.ts_ns` is when the event was made, `header.cpu` the CPU it got
+/// back on, `header.tid` the thread and `header.pid` its process (recorded
+/// at switch-out). Normally the event is made at the switch-in and `in_ts
+/// == ts_ns`; when the kernel reported no `sched_switch` for the switch-in
+/// (see [`off_cpu_flag::SWITCH_IN_UNSEEN`]) it is made at the thread's
+/// next switch-out and `in_ts` is reconstructed. Runqueue wait is `in_ts -
+/// out_ts` when `out_state == 0` (preempted while runnable) and `in_ts -
+/// wakeup_ts` otherwise.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -273,6 +293,8 @@ pub struct OffCpuEvent {
     pub header: EventHeader,
     /// When it was switched out.
     pub out_ts: u64,
+    /// When it was switched back in (see the type's docs).
+    pub in_ts: u64,
     /// When it was woken (0 if it never slept: preempted while runnable).
     pub wakeup_ts: u64,
     /// `prev_state` at switch-out masked to the task state bits: 0 when it
@@ -288,6 +310,10 @@ pub struct OffCpuEvent {
     pub holder_pid: u32,
     /// The task that replaced it at switch-out (`next` of the switch-out).
     pub replaced_by_pid: u32,
+    /// [`off_cpu_flag`] bits.
+    pub flags: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
     /// `holder_pid`'s task name, NUL-padded.
     pub holder_comm: [u8; COMM_LEN],
     /// `replaced_by_pid`'s task name, NUL-padded.
@@ -457,7 +483,7 @@ pub struct SchedConfig {
 const _: () = {
     assert!(size_of::<EventHeader>() == 24);
     assert!(size_of::<HookEvent>() == 48);
-    assert!(size_of::<OffCpuEvent>() == 96);
+    assert!(size_of::<OffCpuEvent>() == 112);
     assert!(size_of::<MigrateEvent>() == 32);
     assert!(size_of::<TaskState>() == 64);
     assert!(size_of::<WatchedTask>() == 80);

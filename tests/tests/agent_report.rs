@@ -315,7 +315,11 @@ fn report_draws_a_staged_preemption_storm() {
         let hog_label = format!("preempted by subetha-hog (pid {})", hog.tid);
         assert!(
             svg.contains(&hog_label),
-            "the scanner lane names the hog ({hog_label:?}):\n{svg}"
+            "the scanner lane names the hog ({hog_label:?}); hog {hog:?}\ncause {:#?}\nagent {:#?}\nscanner spans {:#?}\nagent log:\n{}",
+            storm.cause,
+            agent.snapshot().map(|s| s.agent),
+            timeline.scanner,
+            agent.log()
         );
         let spans = timeline.scanner.as_ref().expect("scanner lanes with probes");
         assert!(

@@ -38,6 +38,9 @@ pub struct TaskOffsets {
     pub run_delay: u32,
     /// `sched_info.last_queued` (`u64`): the runqueue clock when queued.
     pub last_queued: u32,
+    /// `sched_info.last_arrival` (`u64`): the runqueue clock when it last
+    /// got a CPU.
+    pub last_arrival: u32,
     /// `se.cfs_rq` (pointer).
     pub cfs_rq: u32,
     /// `rq` in `struct cfs_rq` (pointer).
@@ -73,6 +76,7 @@ impl TaskOffsets {
         let exec_start = btf.field_offset(task, &["se", "exec_start"], 8)?;
         let run_delay = btf.field_offset(task, &["sched_info", "run_delay"], 8)?;
         let last_queued = btf.field_offset(task, &["sched_info", "last_queued"], 8)?;
+        let last_arrival = btf.field_offset(task, &["sched_info", "last_arrival"], 8)?;
         let cfs_rq = btf.field_offset(task, &["se", "cfs_rq"], 8)?;
         let cfs_rq_rq = btf.field_offset(btf.struct_by_name("cfs_rq")?, &["rq"], 8)?;
         let rq_clock = btf.field_offset(btf.struct_by_name("rq")?, &["clock"], 8)?;
@@ -83,6 +87,7 @@ impl TaskOffsets {
             exec_start,
             run_delay,
             last_queued,
+            last_arrival,
             cfs_rq,
             cfs_rq_rq,
             rq_clock,
@@ -459,8 +464,12 @@ mod tests {
             ("cfs_rq", runqueue, 16),
         ]);
         let se = b.record("sched_entity", kind::STRUCT, 3, 24, &se_members);
-        let info_members = b.members(&[("run_delay", u64_, 0), ("last_queued", u64_, 8)]);
-        let info = b.record("sched_info", kind::STRUCT, 2, 16, &info_members);
+        let info_members = b.members(&[
+            ("run_delay", u64_, 0),
+            ("last_arrival", u64_, 8),
+            ("last_queued", u64_, 16),
+        ]);
+        let info = b.record("sched_info", kind::STRUCT, 3, 24, &info_members);
         let task_members = b.members(&[
             ("state", long, 0),
             ("", union, 8),
@@ -469,7 +478,7 @@ mod tests {
             ("se", se, 40),
             ("sched_info", info, 64),
         ]);
-        b.record("task_struct", kind::STRUCT, 6, 80, &task_members);
+        b.record("task_struct", kind::STRUCT, 6, 88, &task_members);
         b.finish()
     }
 
@@ -495,7 +504,8 @@ mod tests {
                 cpu: 32,
                 exec_start: 48,
                 run_delay: 64,
-                last_queued: 72,
+                last_queued: 80,
+                last_arrival: 72,
                 cfs_rq: 56,
                 cfs_rq_rq: 8,
                 rq_clock: 8,
@@ -515,8 +525,12 @@ mod tests {
         let runqueue = runqueues(&mut b, long);
         let se_members = b.members(&[("exec_start", long, 0), ("cfs_rq", runqueue, 8)]);
         let se = b.record("sched_entity", kind::STRUCT, 2, 16, &se_members);
-        let sched_info_members = b.members(&[("run_delay", long, 0), ("last_queued", long, 8)]);
-        let sched_info = b.record("sched_info", kind::STRUCT, 2, 16, &sched_info_members);
+        let sched_info_members = b.members(&[
+            ("run_delay", long, 0),
+            ("last_queued", long, 8),
+            ("last_arrival", long, 16),
+        ]);
+        let sched_info = b.record("sched_info", kind::STRUCT, 3, 24, &sched_info_members);
         let task_members = b.members(&[
             ("thread_info", info, 0),
             ("pid", int, 24),
@@ -524,7 +538,7 @@ mod tests {
             ("se", se, 48),
             ("sched_info", sched_info, 64),
         ]);
-        b.record("task_struct", kind::STRUCT, 5, 80, &task_members);
+        b.record("task_struct", kind::STRUCT, 5, 88, &task_members);
         assert_eq!(TaskOffsets::from_btf(&b.finish()).unwrap().cpu, 20);
     }
 
@@ -579,6 +593,7 @@ mod tests {
             offsets.exec_start,
             offsets.run_delay,
             offsets.last_queued,
+            offsets.last_arrival,
             offsets.cfs_rq,
         ];
         for (i, a) in all.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! Events the probes report, decoded from the ring buffer's raw records.
 
-use subetha_probes::{COMM_LEN, EventHeader, HookEvent, MigrateEvent, OffCpuEvent, kind};
+use subetha_probes::{COMM_LEN, EventHeader, HookEvent, MigrateEvent, OffCpuEvent, kind, off_cpu_flag};
 
 use super::Role;
 
@@ -130,6 +130,10 @@ pub struct OffCpuInterval {
     pub out_ts: u64,
     /// Switch-in time.
     pub in_ts: u64,
+    /// The kernel reported no tracepoint for the switch-in: `in_ts` is
+    /// reconstructed and the interval was reported at the thread's next
+    /// switch-out (see [`subetha_probes::off_cpu_flag::SWITCH_IN_UNSEEN`]).
+    pub switch_in_unseen: bool,
     /// 0 when it left while runnable (preempted), else the sleep state bits
     /// (`1` S interruptible, `2` D uninterruptible, `0x80` I idle, ...).
     pub out_state: u64,
@@ -259,7 +263,10 @@ pub fn decode_event(bytes: &[u8]) -> Option<ProbeEvent> {
                 pid,
                 role: Role::from_code(event.role),
                 out_ts: event.out_ts,
-                in_ts: ts_ns,
+                // Inside the interval the event closes, whatever the record
+                // says.
+                in_ts: event.in_ts.clamp(event.out_ts.min(ts_ns), ts_ns),
+                switch_in_unseen: event.flags & off_cpu_flag::SWITCH_IN_UNSEEN != 0,
                 out_state: event.out_state,
                 wakeup_ts: event.wakeup_ts,
                 cpu_out: event.cpu_out,
@@ -338,6 +345,7 @@ mod tests {
         let off = OffCpuEvent {
             header: header(kind::OFF_CPU, 3_000),
             out_ts: 1_000,
+            in_ts: 3_000,
             wakeup_ts: 2_500,
             out_state: 1,
             cpu_out: 0,
@@ -346,6 +354,7 @@ mod tests {
             replaced_by_pid: 89,
             holder_comm: comm("kworker/1:2"),
             replaced_by_comm: comm("bad\x01name"),
+            ..OffCpuEvent::default()
         };
         let Some(ProbeEvent::OffCpu(interval)) = decode_event(bytemuck::bytes_of(&off)) else {
             panic!("not an off-CPU event");
@@ -364,6 +373,27 @@ mod tests {
         };
         assert!(preempted.preempted());
         assert_eq!(preempted.runqueue_wait_ns(), 2_000);
+        assert!(!interval.switch_in_unseen);
+        // Reported at a later switch-out: the reconstructed switch-in
+        // stands, an impossible one is pulled into the interval.
+        let late = OffCpuEvent {
+            header: header(kind::OFF_CPU, 9_000),
+            in_ts: 3_000,
+            flags: subetha_probes::off_cpu_flag::SWITCH_IN_UNSEEN,
+            ..off
+        };
+        let Some(ProbeEvent::OffCpu(late_interval)) = decode_event(bytemuck::bytes_of(&late)) else {
+            panic!("not an off-CPU event");
+        };
+        assert!(late_interval.switch_in_unseen);
+        assert_eq!((late_interval.in_ts, late_interval.off_cpu_ns()), (3_000, 2_000));
+        for (in_ts, decoded) in [(99_000, 9_000), (10, 1_000)] {
+            let odd = OffCpuEvent { in_ts, ..late };
+            let Some(ProbeEvent::OffCpu(odd)) = decode_event(bytemuck::bytes_of(&odd)) else {
+                panic!("not an off-CPU event");
+            };
+            assert_eq!(odd.in_ts, decoded);
+        }
         let migrate = MigrateEvent {
             header: header(kind::MIGRATE, 9),
             orig_cpu: 0,

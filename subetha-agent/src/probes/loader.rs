@@ -119,6 +119,7 @@ impl Probes {
                 .override_global(global::TASK_EXEC_START_OFFSET, &offsets.exec_start, true)
                 .override_global(global::TASK_RUN_DELAY_OFFSET, &offsets.run_delay, true)
                 .override_global(global::TASK_LAST_QUEUED_OFFSET, &offsets.last_queued, true)
+                .override_global(global::TASK_LAST_ARRIVAL_OFFSET, &offsets.last_arrival, true)
                 .override_global(global::TASK_CFS_RQ_OFFSET, &offsets.cfs_rq, true)
                 .override_global(global::CFS_RQ_RQ_OFFSET, &offsets.cfs_rq_rq, true)
                 .override_global(global::RQ_CLOCK_OFFSET, &offsets.rq_clock, true);
@@ -508,6 +509,24 @@ impl Probes {
             let _ = overflow.remove(&sharing[0].0);
         }
         Ok(())
+    }
+
+    /// Test support: makes the kernel's state of watched thread `tid` say
+    /// it is still off CPU since `out_ts`, as if its last switch-in, which
+    /// left the rest of that state as its switch-out recorded it, had not
+    /// been reported. Its next switch-out must then report the interval
+    /// (see `off_cpu_flag::SWITCH_IN_UNSEEN`).
+    #[cfg(test)]
+    pub(super) fn forget_switch_in(&mut self, tid: u32, out_ts: u64) -> Result<(), String> {
+        let slot = self.watched.get(&tid).ok_or("not watched")?.slot;
+        let map = self.ebpf.map(WATCHED_MAP).ok_or("missing")?;
+        let slots = Array::<_, Plain<WatchedTask>>::try_from(map).map_err(|e| error_text(&e))?;
+        let Plain(mut entry) = slots.get(&slot, 0).map_err(|e| error_text(&e))?;
+        if entry.tid != tid || entry.state.out_ts != 0 {
+            return Err(format!("slot {slot} is not {tid} on a CPU: {entry:?}"));
+        }
+        entry.state.out_ts = out_ts;
+        self.write_slot(slot, entry)
     }
 
     /// The watched threads and their roles.

@@ -683,17 +683,34 @@ impl Drop for AffinityGuard {
 
 #[test]
 fn probes_preempted_thread_names_the_task_that_held_its_cpu() {
-    const HOG_WINDOW: Duration = Duration::from_millis(50);
     let _serial = serial();
-    let Some(mut probes) = load_or_skip("probes_preempted_thread_names_the_task_that_held_its_cpu") else {
-        return;
-    };
+    if let Some(probes) = load_or_skip("probes_preempted_thread_names_the_task_that_held_its_cpu") {
+        preempt_a_watched_thread(probes);
+    }
+}
+
+#[test]
+fn probes_classic_tracepoints_name_the_task_that_held_its_cpu_too() {
+    let _serial = serial();
+    if let Some(probes) = load_or_skip("probes_classic_tracepoints_name_the_task_that_held_its_cpu_too") {
+        drop(probes);
+        preempt_a_watched_thread(
+            Probes::load_with(SchedPrograms::Classic).expect("the probes loaded once already"),
+        );
+    }
+}
+
+/// A watched SCHED_FIFO thread is preempted by a higher-priority hog on its
+/// CPU for 50 ms: one interval naming the hog. Then the same again as if
+/// the kernel had not reported the thread's return.
+fn preempt_a_watched_thread(mut probes: Probes) {
+    const HOG_WINDOW: Duration = Duration::from_millis(50);
     assert!(probes.sched_active(), "{:#?}", probes.status());
     let cpus = allowed_cpus();
     if cpus.len() < 2 {
         // The test thread itself would share the CPU and could be the
         // task that held it.
-        eprintln!("skipping probes_preempted_thread_names_the_task_that_held_its_cpu: one CPU");
+        eprintln!("skipping the preemption test: one CPU");
         return;
     }
     let cpu = cpus[cpus.len() - 1];
@@ -720,6 +737,9 @@ fn probes_preempted_thread_names_the_task_that_held_its_cpu() {
                 while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                     std::hint::spin_loop();
                 }
+                // A switch-out that happens before `join` returns (the one
+                // at exit may come after).
+                std::thread::sleep(Duration::from_millis(1));
             }
         })
         .unwrap();
@@ -759,10 +779,8 @@ fn probes_preempted_thread_names_the_task_that_held_its_cpu() {
     release_tx.send(()).unwrap();
     let hog_ran = hog.join().unwrap();
     std::thread::sleep(Duration::from_millis(20));
-    stop.store(true, Ordering::Relaxed);
-    busy.join().unwrap();
+    // Drained while the busy thread still has its CPU back.
     let events = drain(&mut probes);
-    probes.unwatch(busy_tid);
 
     let intervals: Vec<&OffCpuInterval> = events
         .iter()
@@ -805,6 +823,41 @@ fn probes_preempted_thread_names_the_task_that_held_its_cpu() {
         off >= window * 8 / 10 && off <= window * 12 / 10,
         "off CPU {off} ns vs hog window {window} ns: {longest:#?}"
     );
+    assert!(!longest.switch_in_unseen, "{longest:#?}");
+
+    // Again, as if the kernel had not reported the busy thread's return
+    // (some hosts leave out such switches): its next switch-out, when it
+    // exits, must report the same interval from the scheduler's records.
+    probes.forget_switch_in(busy_tid, longest.out_ts).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
+    let later = drain(&mut probes);
+    probes.unwatch(busy_tid);
+    let replayed = later
+        .iter()
+        .find_map(|e| match e {
+            ProbeEvent::OffCpu(interval) if interval.tid == busy_tid => Some(interval),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("the unseen switch-in was not reported: {later:#?}"));
+    let in_error = replayed.in_ts.abs_diff(longest.in_ts);
+    eprintln!(
+        "unseen switch-in: reconstructed {} ns from the one reported, holder {} ({})",
+        in_error, replayed.holder_comm, replayed.holder_pid
+    );
+    assert!(replayed.switch_in_unseen, "{replayed:#?}");
+    assert_eq!(replayed.out_ts, longest.out_ts);
+    assert!(replayed.preempted(), "{replayed:#?}");
+    assert!(
+        in_error < 100_000,
+        "switch-in {in_error} ns off: {replayed:#?} vs {longest:#?}"
+    );
+    assert_eq!(
+        (replayed.holder_pid, replayed.holder_comm.as_str()),
+        (hog_tid, "subetha-hog"),
+        "{replayed:#?}"
+    );
+    assert_eq!(replayed.replaced_by_comm, "subetha-hog");
 }
 
 #[test]

@@ -31,6 +31,19 @@
 //!    `prev` of the switch when no longer stretch is known), unless the
 //!    [`OffCpuFilter`] user space set says the interval is unremarkable.
 //!
+//! Not every switch has its tracepoint: on the Firecracker guests this
+//! project runs on, no trace of ours (BPF or ftrace) ever showed a switch
+//! away from a thread of the guest's init process, so a watched thread that
+//! takes the CPU from one comes back unseen. Its next switch-out finds it
+//! still marked off CPU and closes the interval first, flagged
+//! [`SWITCH_IN_UNSEEN`](subetha_probes::off_cpu_flag::SWITCH_IN_UNSEEN):
+//! the BTF programs read the switch-in time back from
+//! `sched_info.last_arrival` and the runqueue wait from
+//! `sched_info.run_delay`; the classic ones take the last switch seen on
+//! the CPU as the switch-in (no later than the real one). Without this the
+//! new switch-out would overwrite the interval: a 50 ms preemption of the
+//! scanner once went unreported that way.
+//!
 //! Every `sched_switch` also updates this CPU's [`CpuRun`]: the stretch the
 //! outgoing task ran is compared with the longest one recorded since a
 //! watched thread last left the CPU (a few loads and stores; the outgoing
@@ -47,8 +60,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use subetha_probes::{
-    COMM_LEN, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState, WatchedTask,
-    kind, role,
+    COMM_LEN, CpuRun, EventHeader, MigrateEvent, OffCpuEvent, OffCpuFilter, SchedConfig, TaskState,
+    WatchedTask, kind, off_cpu_flag, role,
 };
 
 use super::maps::{
@@ -78,6 +91,9 @@ static SUBETHA_TASK_RUN_DELAY_OFFSET: u32 = u32::MAX;
 /// Offset of `task_struct.sched_info.last_queued`.
 #[unsafe(no_mangle)]
 static SUBETHA_TASK_LAST_QUEUED_OFFSET: u32 = u32::MAX;
+/// Offset of `task_struct.sched_info.last_arrival`.
+#[unsafe(no_mangle)]
+static SUBETHA_TASK_LAST_ARRIVAL_OFFSET: u32 = u32::MAX;
 /// Offset of `task_struct.se.cfs_rq`.
 #[unsafe(no_mangle)]
 static SUBETHA_TASK_CFS_RQ_OFFSET: u32 = u32::MAX;
@@ -135,10 +151,27 @@ fn runqueue_wait(next: *const u8, run_delay_out: u64) -> u64 {
     if queued == 0 {
         return settled;
     }
-    let cfs_rq = field_ptr(next, &SUBETHA_TASK_CFS_RQ_OFFSET);
+    settled.saturating_add(runqueue_clock(next).saturating_sub(queued))
+}
+
+/// The clock of `task`'s runqueue (the one `sched_info` is kept in), as
+/// `__schedule` last updated it.
+#[inline(always)]
+fn runqueue_clock(task: *const u8) -> u64 {
+    let cfs_rq = field_ptr(task, &SUBETHA_TASK_CFS_RQ_OFFSET);
     let rq = field_ptr(cfs_rq, &SUBETHA_CFS_RQ_RQ_OFFSET);
-    let clock = field_u64(rq, &SUBETHA_RQ_CLOCK_OFFSET);
-    settled.saturating_add(clock.saturating_sub(queued))
+    field_u64(rq, &SUBETHA_RQ_CLOCK_OFFSET)
+}
+
+/// How long ago (ns) `prev`, about to leave its CPU, got it: its
+/// `sched_info.last_arrival` against its runqueue's clock, which
+/// `__schedule` updated just before this tracepoint (`sched_info` moves on
+/// only after it). `None` when the kernel keeps no arrival.
+#[inline(always)]
+fn running_for(prev: *const u8) -> Option<u64> {
+    let arrival = field_u64(prev, &SUBETHA_TASK_LAST_ARRIVAL_OFFSET);
+    let clock = runqueue_clock(prev);
+    (arrival != 0 && clock >= arrival).then(|| clock - arrival)
 }
 
 /// A task's `comm`, as two direct 8-byte loads (cheaper than a helper
@@ -220,7 +253,8 @@ pub fn bt_sched_switch(ctx: BtfTracePointContext) -> u32 {
         Reads {
             prev_comm: current_comm,
             next_comm: || task_comm(next),
-            prev_run_delay: || field_u64(prev, &SUBETHA_TASK_RUN_DELAY_OFFSET),
+            prev_run_delay: || Some(field_u64(prev, &SUBETHA_TASK_RUN_DELAY_OFFSET)),
+            prev_running_for: || running_for(prev),
             next_wait: |run_delay_out| Some(runqueue_wait(next, run_delay_out)),
         },
     );
@@ -272,7 +306,8 @@ pub fn tp_sched_switch(ctx: TracePointContext) -> u32 {
             prev_comm: || read_comm(&ctx, config.switch_prev_comm),
             next_comm: || read_comm(&ctx, config.switch_next_comm),
             // No task to read: the wakeup tracepoints record wakeups.
-            prev_run_delay: || 0,
+            prev_run_delay: || None,
+            prev_running_for: || None,
             next_wait: |_| None,
         },
     );
@@ -372,14 +407,15 @@ struct Switch {
 }
 
 /// How a front end reads what the shared logic may need, only when it
-/// needs it: the two tasks' names, `prev`'s accumulated runqueue wait (0
-/// where unknown) and, given that value from its switch-out, how long
-/// `next` waited on runqueues (`None` where unknown: the classic programs
-/// record wakeups instead).
-struct Reads<PC, NC, PD, NW> {
+/// needs it: the two tasks' names, `prev`'s accumulated runqueue wait, how
+/// long `prev` has held the CPU and, given the accumulated wait from its
+/// switch-out, how long `next` waited on runqueues. `None` where the front
+/// end cannot know (the classic programs record wakeups instead).
+struct Reads<PC, NC, PD, PR, NW> {
     prev_comm: PC,
     next_comm: NC,
     prev_run_delay: PD,
+    prev_running_for: PR,
     next_wait: NW,
 }
 
@@ -387,17 +423,19 @@ struct Reads<PC, NC, PD, NW> {
 /// leaving and a watched `next` coming back. The names are read only when
 /// needed.
 #[inline(always)]
-fn on_switch<C: EbpfContext, PC, NC, PD, NW>(ctx: &C, switch: &Switch, reads: Reads<PC, NC, PD, NW>)
+fn on_switch<C: EbpfContext, PC, NC, PD, PR, NW>(ctx: &C, switch: &Switch, reads: Reads<PC, NC, PD, PR, NW>)
 where
     PC: Fn() -> [u8; COMM_LEN],
     NC: Fn() -> [u8; COMM_LEN],
-    PD: Fn() -> u64,
+    PD: Fn() -> Option<u64>,
+    PR: Fn() -> Option<u64>,
     NW: Fn(u64) -> Option<u64>,
 {
     let Reads {
         prev_comm,
         next_comm,
         prev_run_delay,
+        prev_running_for,
         next_wait,
     } = reads;
     let &Switch {
@@ -406,16 +444,27 @@ where
         out_state,
         run_clock,
     } = switch;
+    let prev_entry = watched(prev).filter(|&entry| followed(entry));
+    let next_entry = watched(next).filter(|&entry| followed(entry));
+    // A watched `prev` still off CPU by its state: the kernel reported no
+    // switch-in for it (see `off_cpu_flag::SWITCH_IN_UNSEEN`). Since the
+    // last switch seen here this CPU ran some unseen task, then `prev`.
+    // SAFETY: `entry` comes from `watched` (see there); a u64 read.
+    let switch_in_unseen = prev_entry.is_some_and(|entry| unsafe { (*entry).state.out_ts } != 0);
     let run = CPU_RUN.get_ptr_mut(0);
+    let mut last_switch = 0;
     if let Some(run) = run {
         // SAFETY: this CPU's value of the single-slot per-CPU array, valid
         // for the program's run; only this CPU writes it, with preemption
         // disabled in the tracepoint.
         unsafe {
-            let ran = run_clock.wrapping_sub((*run).since);
+            last_switch = (*run).since;
+            let ran = run_clock.wrapping_sub(last_switch);
             // A clock that went backwards (the idle task's stale clock, a
-            // program switch) gives a huge `ran`: not a stretch.
-            if (*run).since != 0 && prev != 0 && ran > (*run).longest && ran < MAX_STRETCH {
+            // program switch) gives a huge `ran`: not a stretch. Nor is
+            // what ran since an unseen switch-in: two tasks' time.
+            if last_switch != 0 && prev != 0 && !switch_in_unseen && ran > (*run).longest && ran < MAX_STRETCH
+            {
                 (*run).longest = ran;
                 (*run).longest_pid = prev;
                 (*run).longest_comm = prev_comm();
@@ -423,14 +472,35 @@ where
             (*run).since = run_clock;
         }
     }
-    let prev_entry = watched(prev).filter(|&entry| followed(entry));
-    let next_entry = watched(next).filter(|&entry| followed(entry));
     if prev_entry.is_none() && next_entry.is_none() {
         return;
     }
     let now = now_ns();
     if let Some(entry) = prev_entry {
-        switched_out(entry, prev, next, out_state, now, &next_comm, prev_run_delay());
+        if switch_in_unseen {
+            // When `prev` got the CPU: what the scheduler says or, failing
+            // that, no earlier than the last switch seen on this CPU.
+            let since_last_switch = run_clock.wrapping_sub(last_switch);
+            let in_ts = match prev_running_for() {
+                Some(running_for) => now.saturating_sub(running_for),
+                None if last_switch != 0 && since_last_switch < MAX_STRETCH => {
+                    now.saturating_sub(since_last_switch)
+                }
+                None => 0,
+            };
+            let holder = longest_stretch(run, prev).unwrap_or((0, [0; COMM_LEN]));
+            let wait = |run_delay_out: u64| prev_run_delay().map(|delay| delay.saturating_sub(run_delay_out));
+            let at = Closing {
+                tid: prev,
+                in_ts,
+                now,
+                holder,
+                flags: off_cpu_flag::SWITCH_IN_UNSEEN,
+            };
+            switched_in(ctx, entry, &at, &wait);
+        }
+        let run_delay_out = prev_run_delay().unwrap_or(0);
+        switched_out(entry, prev, next, out_state, now, &next_comm, run_delay_out);
         if let Some(run) = run {
             // SAFETY: as above. Start a new window: who holds the CPU from
             // now on is what this thread will want to know.
@@ -441,25 +511,29 @@ where
         }
     }
     if let Some(entry) = next_entry {
-        let holder = run.and_then(|run| {
-            // SAFETY: as above.
-            let (pid, comm) = unsafe { ((*run).longest_pid, (*run).longest_comm) };
-            // Never name the thread itself (its own stretch before it left
-            // this CPU, if its departure was not seen here).
-            (pid != 0 && pid != next).then_some((pid, comm))
-        });
-        switched_in(
-            ctx,
-            entry,
-            next,
+        let at = Closing {
+            tid: next,
+            in_ts: now,
             now,
-            holder.unwrap_or_else(|| (prev, prev_comm())),
-            &next_wait,
-        );
+            holder: longest_stretch(run, next).unwrap_or_else(|| (prev, prev_comm())),
+            flags: 0,
+        };
+        switched_in(ctx, entry, &at, &next_wait);
     }
 }
 
-/// A watched `prev` leaves the CPU: remember when, why and for whom.
+/// The task that ran the longest stretch on this CPU since the window
+/// began, unless none did or it is `tid` itself (its own stretch before it
+/// left this CPU, if its departure was not seen here).
+#[inline(always)]
+fn longest_stretch(run: Option<*mut CpuRun>, tid: u32) -> Option<(u32, [u8; COMM_LEN])> {
+    let run = run?;
+    // SAFETY: as in `on_switch`.
+    let (pid, comm) = unsafe { ((*run).longest_pid, (*run).longest_comm) };
+    (pid != 0 && pid != tid).then_some((pid, comm))
+}
+
+/// A watched thread leaves the CPU: remember when, why and for whom.
 #[inline(always)]
 fn switched_out(
     entry: *mut WatchedTask,
@@ -496,18 +570,26 @@ fn switched_out(
     unsafe { (*entry).state = state };
 }
 
-/// A watched `next` gets the CPU back: one event for the whole interval,
-/// unless the filter drops it. `holder` is who held the CPU meanwhile;
-/// `next_wait` says how long it waited on runqueues, when the program can
-/// read that from the task.
+/// How an off-CPU interval of `tid` closes: at `in_ts` (0: unknown),
+/// noticed at `now`, with `holder` having held the CPU meanwhile.
+struct Closing {
+    tid: u32,
+    in_ts: u64,
+    now: u64,
+    holder: (u32, [u8; COMM_LEN]),
+    flags: u32,
+}
+
+/// A watched thread got the CPU back: one event for the whole interval,
+/// unless the filter drops it. `wait` says how long it waited on
+/// runqueues, given its accumulated wait at switch-out, when the program
+/// can read that from the task.
 #[inline(always)]
 fn switched_in<C: EbpfContext>(
     ctx: &C,
     entry: *mut WatchedTask,
-    next: u32,
-    now: u64,
-    holder: (u32, [u8; COMM_LEN]),
-    next_wait: &impl Fn(u64) -> Option<u64>,
+    at: &Closing,
+    wait: &impl Fn(u64) -> Option<u64>,
 ) {
     // SAFETY: as in `switched_out`.
     let (role, mut state) = unsafe { ((*entry).role, (*entry).state) };
@@ -517,17 +599,19 @@ fn switched_in<C: EbpfContext>(
         // Not seen leaving the CPU since it was watched.
         return;
     }
+    // Not `clamp`: it may panic, which the verifier refuses.
+    let in_ts = at.in_ts.max(state.out_ts).min(at.now);
     // With the task at hand (BTF programs), a sleeper's wakeup is when its
     // runqueue wait began; the classic programs recorded it at the wakeup.
     if state.out_state != 0
-        && let Some(wait) = next_wait(state.run_delay_out)
+        && let Some(wait) = wait(state.run_delay_out)
     {
-        state.wakeup_ts = now.saturating_sub(wait).max(state.out_ts);
+        state.wakeup_ts = in_ts.saturating_sub(wait).max(state.out_ts);
     }
     let cpu_in = cpu();
     if let Some(filter) = OFF_CPU_FILTER.get(0)
         && filter.enabled == 1
-        && !remarkable(filter, &state, now, cpu_in)
+        && !remarkable(filter, &state, in_ts, cpu_in)
     {
         bump(&OFF_CPU_FILTERED, 0);
         return;
@@ -537,17 +621,20 @@ fn switched_in<C: EbpfContext>(
             kind: kind::OFF_CPU,
             cpu: cpu_in,
             pid: state.pid,
-            tid: next,
-            ts_ns: now,
+            tid: at.tid,
+            ts_ns: at.now,
         },
         out_ts: state.out_ts,
+        in_ts,
         wakeup_ts: state.wakeup_ts,
         out_state: state.out_state,
         cpu_out: state.cpu_out,
         role,
-        holder_pid: holder.0,
+        holder_pid: at.holder.0,
         replaced_by_pid: state.replaced_by_pid,
-        holder_comm: holder.1,
+        flags: at.flags,
+        _reserved: 0,
+        holder_comm: at.holder.1,
         replaced_by_comm: state.replaced_by_comm,
     };
     emit(ctx, &event);
@@ -569,16 +656,16 @@ fn followed(entry: *mut WatchedTask) -> bool {
 /// Whether an interval passes the filter: the same runqueue-wait and
 /// asleep split as user space's `OffCpuInterval`.
 #[inline(always)]
-fn remarkable(filter: &OffCpuFilter, state: &TaskState, now: u64, cpu_in: u32) -> bool {
+fn remarkable(filter: &OffCpuFilter, state: &TaskState, in_ts: u64, cpu_in: u32) -> bool {
     let runnable_since = if state.out_state == 0 {
         state.out_ts
     } else if state.wakeup_ts == 0 {
-        now
+        in_ts
     } else {
         // Not `clamp`: it may panic, which the verifier refuses.
-        state.wakeup_ts.max(state.out_ts).min(now)
+        state.wakeup_ts.max(state.out_ts).min(in_ts)
     };
-    now.saturating_sub(runnable_since) >= filter.min_wait_ns
+    in_ts.saturating_sub(runnable_since) >= filter.min_wait_ns
         || runnable_since.saturating_sub(state.out_ts) > filter.min_sleep_ns
         || (filter.cpu_change == 1 && cpu_in != state.cpu_out)
 }
