@@ -730,16 +730,22 @@ impl RawMutex {
                 continue;
             }
             let spin_more = match spin {
-                Spin::ParkingLot => state & PARKED_BIT == 0 && spinwait.spin(),
+                Spin::ParkingLot => {
+                    state & PARKED_BIT == 0 && spinwait.spin() && {
+                        at = clock::ticks();
+                        true
+                    }
+                }
                 Spin::Until(until) => {
                     for _ in 0..PAUSES_PER_POLL {
                         hint::spin_loop();
                     }
-                    clock::ticks() < until
+                    // One reading for both the budget and the wait's end.
+                    at = clock::ticks();
+                    at < until
                 }
             };
             if spin_more {
-                at = clock::ticks();
                 state = self.state.load(Ordering::Relaxed);
                 continue;
             }
