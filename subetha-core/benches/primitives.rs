@@ -723,7 +723,8 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
 /// `SUBETHA_BENCH_ONLY=<group>/<id>`: runs just that case, for
 /// `SUBETHA_BENCH_SLICE_MS` (default 2000 here) after one warm-up slice,
 /// and prints its ns per element and, for every instrumented lock with
-/// contended acquisitions, the waits the sidecar recorded; for profilers
+/// contended acquisitions, the waits the sidecar recorded, and how many
+/// observations the sidecar drained and the rings dropped; for profilers
 /// (`perf record`, `strace -c`).
 fn profile_one(cases: &[Case], only: &str) {
     let Some(case) = cases.iter().find(|c| format!("{}/{}", c.group, c.id) == only) else {
@@ -736,9 +737,23 @@ fn profile_one(cases: &[Case], only: &str) {
     };
     let slice = Duration::from_millis(env_u64("SUBETHA_BENCH_SLICE_MS", 2000));
     (case.run)(Budget::Time(Duration::from_millis(100)));
+    let totals = || {
+        subetha_core::process_sidecar().map(|sidecar| {
+            sidecar.scan_now();
+            sidecar.snapshot().totals
+        })
+    };
+    let before = totals();
     let cpu_before = process_cpu_ns();
     let (ops, elapsed) = (case.run)(Budget::Time(slice));
     let cpu = process_cpu_ns().saturating_sub(cpu_before);
+    if let (Some(before), Some(after)) = (before, totals()) {
+        println!(
+            "  sidecar: {} observations drained, {} dropped in the rings",
+            after.drained - before.drained,
+            after.dropped - before.dropped
+        );
+    }
     if let Some(sidecar) = subetha_core::process_sidecar() {
         sidecar.scan_now();
         let cal = subetha_core::clock::calibration();
