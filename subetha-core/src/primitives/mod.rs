@@ -28,12 +28,14 @@
 //!   take a timestamp, wait, and record the wait with
 //!   [`Observation::FLAG_CONTENDED`]. A failed `try_*` records
 //!   [`Observation::FLAG_MISS`].
-//! * **Uncontended `lock`s of a [`Mutex`] / [`AdaptiveMutex`] are counted,
-//!   not pushed one by one**: an observation with
-//!   [`Observation::FLAG_COUNT`] stands for the 1st, 2nd, 4th, … 64th, then
-//!   every 64 (see [`mutex`]); the rest come when the mutex is
-//!   dropped. Everything else (waits, `try_*`, misses, sampled holds, and
-//!   the other primitives' operations) is one observation per operation.
+//! * **Uncontended `lock`s of a [`Mutex`] / [`AdaptiveMutex`], and
+//!   [`Channel`] operations that succeed at once, are counted, not pushed
+//!   one by one**: an observation with [`Observation::FLAG_COUNT`] stands
+//!   for the 1st, 2nd, 4th, … 64th, then every 64 (see [`mutex`] and
+//!   [`op_counts`]); the rest come when the mutex or channel is dropped.
+//!   Everything else (waits, misses, the mutex's `try_lock`s, sampled
+//!   holds, and the other primitives' operations) is one observation per
+//!   operation.
 //! * **Hold times are sampled**: 1 in 2^k acquisitions (k from the policy
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 64) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
@@ -80,10 +82,10 @@
 //! | | 2 | `try_acquire` | M: no permit; timed: C, M | wait of timed variant |
 //! | | 3 | `release` | — | sampled permit hold time |
 //! | | 4 | `add_permits` | — | — |
-//! | [`Channel`] (5) | 1 | `send` | C: channel full, waited; M: disconnected / timed out | wait |
-//! | | 2 | `recv` | C: channel empty, waited; M: disconnected / timed out | wait |
-//! | | 3 | `try_send` | M: full or disconnected | — |
-//! | | 4 | `try_recv` | M: empty or disconnected | — |
+//! | [`Channel`] (5) | 1 | `send` | C: channel full, waited; M: disconnected / timed out; N: a count of sends done at once | wait; with N, how many |
+//! | | 2 | `recv` | C: channel empty, waited; M: disconnected / timed out; N: as for `send` | wait; with N, how many |
+//! | | 3 | `try_send` | M: full or disconnected; N: a count of successes | with N, how many |
+//! | | 4 | `try_recv` | M: empty or disconnected; N: a count of successes | with N, how many |
 //! | [`Barrier`] (6) | 1 | `wait` | C (always: every non-leader blocks) | time blocked |
 //! | | 2 | `release` | — (the leader: last to arrive) | first arrival → last arrival of the generation |
 //! | [`AdaptiveMutex`] (7) | 1–3 | as [`Mutex`] | | |
@@ -115,6 +117,7 @@ pub mod barrier;
 pub mod channel;
 pub mod condvar;
 pub mod mutex;
+pub mod op_counts;
 pub mod rwlock;
 pub mod semaphore;
 #[cfg(feature = "tokio")]
