@@ -563,10 +563,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn preempted_scanner_names_the_hog() {
-        let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
-        let off = [OffCpu {
+    /// The scanner (tid 7) off CPU 1 from 998 to 1051 ms, woken at 999 ms
+    /// and kept off by `hog` (pid 4242).
+    fn held_off_by_the_hog(switch_in_unseen: bool) -> OffCpu {
+        OffCpu {
             tid: 7,
             out_ns: 998 * MS,
             in_ns: 1051 * MS,
@@ -577,8 +577,14 @@ mod tests {
             cpu_in: 1,
             holder_pid: 4242,
             holder_comm: "hog".into(),
-            switch_in_unseen: false,
-        }];
+            switch_in_unseen,
+        }
+    }
+
+    #[test]
+    fn preempted_scanner_names_the_hog() {
+        let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
+        let off = [held_off_by_the_hog(false)];
         let cause = diagnose(&s, &facts(&off, &[]));
         assert_eq!(cause.kind, "scanner_preempted");
         assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
@@ -599,19 +605,7 @@ mod tests {
     #[test]
     fn a_preemption_whose_return_the_kernel_did_not_report_is_still_named() {
         let s = storm(1000 * MS, 1050 * MS, 100_000, (998 * MS, 1051 * MS));
-        let seen = OffCpu {
-            tid: 7,
-            out_ns: 998 * MS,
-            in_ns: 1051 * MS,
-            state: 1,
-            wakeup_ns: Some(999 * MS),
-            cpu_out: 1,
-            cpu_in: 1,
-            holder_pid: 4242,
-            holder_comm: "hog".into(),
-            switch_in_unseen: true,
-            ..OffCpu::default()
-        };
+        let seen = held_off_by_the_hog(true);
         let cause = diagnose(&s, &facts(std::slice::from_ref(&seen), &[]));
         assert_eq!(cause.kind, "scanner_preempted");
         assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
