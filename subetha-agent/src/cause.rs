@@ -134,6 +134,16 @@ const OVERDUE: f64 = 1.5;
 pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     let begin = storm.begin_mono_ns;
     let end = storm.end_mono_ns.unwrap_or(begin + storm.duration_ns).max(begin);
+    // The longest scan that overlaps the storm, (start, duration). A
+    // scanner can be held up *inside* a scan (preempted between its start
+    // and end): the rings it had not reached yet, or had just drained,
+    // then wait that long with no gap between scans to show for it.
+    let overlapping_scan = facts
+        .scans
+        .iter()
+        .filter(|&&(b, e)| e >= begin && b <= end)
+        .map(|&(b, e)| (b, e.saturating_sub(b)))
+        .max_by_key(|&(_, took)| took);
     // The ring filled during the gap before the first drop: look back one
     // full ring's worth of time before the storm as well.
     let lookback = storm
@@ -142,7 +152,8 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         .map(|g| g.end_mono_ns.saturating_sub(g.begin_mono_ns))
         .max()
         .unwrap_or(0)
-        .max(facts.max_interval_ns);
+        .max(facts.max_interval_ns)
+        .max(overlapping_scan.map_or(0, |(b, _)| begin.saturating_sub(b)));
     let window = (begin.saturating_sub(lookback), end);
     let gap = storm.max_scan_gap_ns.max(1);
     // The ring was empty when the last scan before the storm ended and full
@@ -277,18 +288,28 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         };
     }
     let confidence = if facts.probes { "high" } else { "low" };
+    // How long the scanner was away from the rings: the longest gap
+    // between scans, or a scan it was held up in.
+    let held_in_scan = overlapping_scan.map_or(0, |(_, took)| took);
+    let away = gap.max(held_in_scan);
     if !facts.probes
         // A gap within the scanner's own pause (and its usual overrun)
         // was not made longer by a wait, whatever the coarse samples around
         // it add up to.
-        && gap as f64 >= OVERDUE * facts.max_interval_ns as f64
+        && away as f64 >= OVERDUE * facts.max_interval_ns as f64
         && let Some(SchedDelta {
             excess_delay_ns: delay,
             involuntary,
         }) = sched_delta(facts.sched_samples, window)
         && delay >= SIGNIFICANT_DELAY_NS
-        && delay as f64 >= EXPLAINS * gap as f64
+        && delay as f64 >= EXPLAINS * away as f64
     {
+        if held_in_scan > gap {
+            evidence.push(format!(
+                "a scan overlapping the storm took {}: the scanner was held up inside it",
+                ms(held_in_scan)
+            ));
+        }
         evidence.push(format!(
             "scanner waited {} on a runqueue beyond its usual, with {involuntary} involuntary context switches (/proc schedstat)",
             ms(delay)
@@ -767,6 +788,50 @@ mod tests {
         };
         assert_ne!(diagnose(&on_schedule, &f).kind, "scanner_preempted");
         assert_eq!(diagnose(&late, &f).kind, "scanner_preempted");
+    }
+
+    #[test]
+    fn without_probes_a_scanner_preempted_inside_a_scan_is_still_preempted() {
+        // The scanner lost its CPU in the middle of a scan (997–1049 ms) and
+        // drained 4096 observations in it: no gap between scans overlaps the
+        // storm, and the long scan's drain rate looks too slow for the
+        // producer. The run delay says where the time went.
+        let s = storm(1000 * MS, 1048 * MS, 96_000, (1049 * MS, 1049 * MS));
+        let scans = [
+            (990 * MS, 990 * MS + 50_000),
+            (997 * MS, 1049 * MS),
+            (1049 * MS + 100_000, 1049 * MS + 150_000),
+        ];
+        let drained = [100, 4096, 4096];
+        let samples = [
+            SchedSample {
+                at_ns: 990 * MS,
+                run_delay_ns: 0,
+                involuntary_switches: 0,
+            },
+            SchedSample {
+                at_ns: 1050 * MS,
+                run_delay_ns: 50 * MS,
+                involuntary_switches: 1,
+            },
+        ];
+        let f = Facts {
+            probes: false,
+            sched_samples: &samples,
+            scan_drained: &drained,
+            ..facts(&[], &scans)
+        };
+        let cause = diagnose(&s, &f);
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("scanner_preempted", "low"),
+            "{cause:?}"
+        );
+        assert!(
+            cause.evidence.iter().any(|e| e.contains("held up inside it")),
+            "{:?}",
+            cause.evidence
+        );
     }
 
     #[test]
