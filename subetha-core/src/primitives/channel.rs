@@ -19,9 +19,9 @@
 //! on a 2-CPU host: at 10–22 M messages a second the rings dropped 11–44%
 //! of them.) One instance covers the whole channel: every [`Sender`] and
 //! [`Receiver`] clone shares it, and it is unregistered, with its counts
-//! complete, when the last end is dropped. Disconnection semantics are crossbeam's (all senders gone:
-//! receivers drain what is left, then get errors; all receivers gone:
-//! sends fail).
+//! complete, when the last end is dropped. Disconnection semantics are
+//! crossbeam's (all senders gone: receivers drain what is left, then get
+//! errors; all receivers gone: sends fail).
 //!
 //! `select!` needs crossbeam's own ends: [`Sender::as_crossbeam`] and
 //! [`Receiver::as_crossbeam`] give them out, unobserved.
