@@ -6,6 +6,7 @@
 //! | `uncontended` | one `lock()` + guard drop on one thread |
 //! | `contended` `…/hammer/{2,4}` | one lock + increment + unlock, 2 or 4 threads hammering one lock with nothing else to do |
 //! | `contended` `…/50+100ns/{2,4}` | the same with 50 ns of busy work inside the lock and 100 ns outside |
+//! | `channel` `…/turns` | one message sent and received by the same thread (capacity 1024): the operations' own cost |
 //! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
 //! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
 //!
@@ -25,8 +26,10 @@
 //!    for several rounds, and each round's throughput is divided by the
 //!    baseline's from the same round. On a shared, loaded host this paired
 //!    ratio is far steadier than comparing benchmarks run minutes apart.
-//!    The table (median ns per element, median paired ratio and its
-//!    min–max over the rounds) is printed and saved as
+//!    The table (median ns per element, median paired ratio with a 95%
+//!    confidence interval and its min–max over the rounds, and for the
+//!    contended and channel rows a verdict against the issue's 95%
+//!    target) is printed and saved as
 //!    `<target>/subetha-bench/primitives.txt`.
 //!
 //! The process sidecar runs (mode `always`, so an agent on the host cannot
@@ -268,6 +271,28 @@ fn drive_channel<C: Chan>(
     (received.load(Ordering::Relaxed), began.elapsed())
 }
 
+/// One thread sending a message and receiving it, over and over, through a
+/// fresh channel from `make`: one element is a `send` and a `recv` that
+/// both succeed at once.
+fn channel_turns_case<C: Chan>(id: &str, make: impl Fn() -> C + Send + Sync + 'static) -> Case
+where
+    C::Tx: Sync,
+    C::Rx: Sync,
+{
+    Case {
+        group: "channel",
+        id: format!("{id}/turns"),
+        set: "turns".to_owned(),
+        run: Box::new(move |budget| {
+            let (tx, rx) = make().split();
+            drive(1, budget, move || {
+                assert!(C::send(&tx, black_box(1)));
+                black_box(C::recv(&rx));
+            })
+        }),
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Busy work of a known length.
 
@@ -459,6 +484,14 @@ fn cases() -> Vec<Case> {
             Arc::new(adaptive),
         ));
     }
+    // One thread sending and receiving in turn: each operation's own cost,
+    // with no blocking regime to swing the two-thread rows.
+    cases.push(channel_turns_case("crossbeam", || {
+        crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
+    }));
+    cases.push(channel_turns_case("subetha", || {
+        Channel::<u64>::named("bench_channel_turns", CHANNEL_CAPACITY)
+    }));
     for (shape, producers, consumers) in [("spsc", 1, 1), ("mpmc", 2, 2)] {
         cases.push(Case {
             group: "channel",
@@ -579,9 +612,54 @@ struct Row {
     ns_per_op: f64,
     /// Median process CPU time (all threads, sidecar included) per op.
     cpu_ns_per_op: f64,
-    /// Median, min and max over the rounds of baseline ns / this ns.
-    ratio: (f64, f64, f64),
+    /// Whether this row is its comparison's baseline.
+    is_baseline: bool,
+    /// Baseline ns / this ns over the rounds.
+    ratio: RatioSummary,
 }
+
+/// The paired per-round ratios of one row, summarised.
+struct RatioSummary {
+    median: f64,
+    /// A distribution-free 95% confidence interval of the median: the
+    /// order statistics `n/2 ∓ 0.98·√n` (the normal approximation to the
+    /// binomial). It treats rounds as independent, which the VM's slow
+    /// regime drift only approximates.
+    ci: (f64, f64),
+    min: f64,
+    max: f64,
+}
+
+impl RatioSummary {
+    fn of(mut ratios: Vec<f64>) -> Self {
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let half_width = 0.98 * (n as f64).sqrt();
+        let at = |i: f64| ratios[(i.max(0.0) as usize).min(n - 1)];
+        Self {
+            median: median(&mut ratios.clone()),
+            ci: (at((n as f64 / 2.0 - half_width).floor()), at((n as f64 / 2.0 + half_width).ceil())),
+            min: ratios[0],
+            max: ratios[n - 1],
+        }
+    }
+
+    /// Against a throughput target (a ratio to the baseline): met when the
+    /// whole interval is at or above it, missed when all of it is below.
+    fn verdict(&self, target: f64) -> &'static str {
+        if self.ci.0 >= target {
+            "meets"
+        } else if self.ci.1 < target {
+            "MISSES"
+        } else {
+            "CI spans target"
+        }
+    }
+}
+
+/// The issue's throughput target for the contended and channel rows: 95%
+/// of the wrapped type's.
+const THROUGHPUT_TARGET: f64 = 0.95;
 
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -640,15 +718,14 @@ fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
             }
         }
         for (i, case) in members.iter().enumerate() {
-            let mut ratios: Vec<f64> = ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect();
-            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            let ratios: Vec<f64> = ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect();
             rows.push(Row {
                 group,
                 id: case.id.clone(),
                 ns_per_op: median(&mut ns[i].clone()),
                 cpu_ns_per_op: median(&mut cpu[i].clone()),
-                ratio: (median(&mut ratios), lo, hi),
+                is_baseline: i == 0,
+                ratio: RatioSummary::of(ratios),
             });
         }
     }
@@ -675,25 +752,29 @@ fn target_dir() -> PathBuf {
 
 fn summary(rows: &[Row], started: Instant, load_before: &str) {
     let mut out = String::from(
-        "group        implementation/case            wall ns/op  CPU ns/op  thrpt vs baseline: median [min–max]\n",
+        "group        implementation/case            wall ns/op  CPU ns/op  thrpt vs baseline: median (95% CI) [min–max]  vs 95%\n",
     );
     for row in rows {
-        let (mid, lo, hi) = row.ratio;
+        let r = &row.ratio;
+        let judged = matches!(row.group, "contended" | "channel") && !row.is_baseline;
         out.push_str(&format!(
-            "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% [{:.1}–{:.1}%]\n",
+            "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% ({:.1}–{:.1}%) [{:.1}–{:.1}%]  {}\n",
             row.group,
             row.id,
             row.ns_per_op,
             row.cpu_ns_per_op,
-            100.0 * mid,
-            100.0 * lo,
-            100.0 * hi
+            100.0 * r.median,
+            100.0 * r.ci.0,
+            100.0 * r.ci.1,
+            100.0 * r.min,
+            100.0 * r.max,
+            if judged { r.verdict(THROUGHPUT_TARGET) } else { "" },
         ));
     }
     out.push_str(
         "(medians over the rounds; CPU = the whole process's user+system time per element, sidecar included;\n \
          throughput ratio paired per round against the first row of each comparison, parking_lot or crossbeam;\n \
-         >100% = faster)\n",
+         >100% = faster; the verdict compares the median's 95% interval with the issue's 95% target)\n",
     );
     for (set, id) in ADAPTIVE_LOCKS.lock().iter() {
         let word = PolicyWord(policy_word(*id).unwrap_or(0));

@@ -98,15 +98,25 @@ impl Observed {
 
     /// An operation that succeeded at once: counted, and the count pushed
     /// when one is due.
-    #[inline]
+    #[inline(always)]
     fn done_at_once(&self, op: u16) {
         if self.probe.id().is_none() {
             return;
         }
         let (counts, index) = self.counts_of(op);
         if let Some(covered) = counts.add(index) {
-            self.probe.emit(op, COUNT, covered);
+            self.emit_count(op, covered);
         }
+    }
+
+    /// Pushes a count: out of line, so the operation's own path stays a
+    /// few instructions. (With the push inlined, `done_at_once` was a call
+    /// that saved six registers: a one-thread send+recv took 28.4–28.8 ns
+    /// against crossbeam's 23.5–23.7 ns; since, 22.9–23.7 ns.)
+    #[cold]
+    #[inline(never)]
+    fn emit_count(&self, op: u16, covered: u64) {
+        self.probe.emit(op, COUNT, covered);
     }
 
     fn id(&self) -> Option<u32> {
