@@ -638,7 +638,10 @@ impl RatioSummary {
         let at = |i: f64| ratios[(i.max(0.0) as usize).min(n - 1)];
         Self {
             median: median(&mut ratios.clone()),
-            ci: (at((n as f64 / 2.0 - half_width).floor()), at((n as f64 / 2.0 + half_width).ceil())),
+            ci: (
+                at((n as f64 / 2.0 - half_width).floor()),
+                at((n as f64 / 2.0 + half_width).ceil()),
+            ),
             min: ratios[0],
             max: ratios[n - 1],
         }

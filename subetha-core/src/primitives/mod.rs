@@ -162,10 +162,10 @@ const _: () = assert!(REFRESH_EVERY.is_power_of_two());
 /// The per-instance policy word, as the built-in primitives read it.
 ///
 /// ```text
-///  31        24 23     17  16  15        8 7         0
-/// +------------+---------+---+-----------+-----------+
-/// |    TAG     |reserved | P |   SPIN    |  SAMPLE   |
-/// +------------+---------+---+-----------+-----------+
+///  31        24 23   18  17  16  15        8 7         0
+/// +------------+-------+---+---+-----------+-----------+
+/// |    TAG     |reserv.| Y | P |   SPIN    |  SAMPLE   |
+/// +------------+-------+---+---+-----------+-----------+
 /// ```
 ///
 /// * `SAMPLE` (bits 0–7), hold-time sampling level of every primitive:
@@ -177,10 +177,15 @@ const _: () = assert!(REFRESH_EVERY.is_power_of_two());
 ///   up to (`v`−1) × [`PolicyWord::SPIN_UNIT_NS`] ns, so `1` parks at once and
 ///   `255` spins up to 65 µs.
 /// * `P` (bit 16), spin pinned: the built-in [`AdaptivePolicy`] leaves `SPIN`
-///   alone (an operator fixed it).
+///   and `Y` alone (an operator fixed them).
+/// * `Y` (bit 17), [`AdaptiveMutex`] waits like a plain [`Mutex`] instead:
+///   `parking_lot`'s few exponential spin rounds, then yields, then parks;
+///   `SPIN` is ignored while it is set. For holds so short that a waiter
+///   polling the lock word mostly takes the word's cache line away from
+///   the holder (see [`AdaptiveConfig::yield_below_hold_ns`]).
 /// * `TAG` (bits 24–31): owned by [`AdaptivePolicy`], which uses it to find
 ///   its per-instance window; other writers should preserve it.
-/// * bits 17–23 are reserved and written as 0.
+/// * bits 18–23 are reserved and written as 0.
 ///
 /// Consumers write the word; primitives only read it. [`set_policy_word`]
 /// writes it from inside the process.
@@ -198,6 +203,8 @@ impl PolicyWord {
     pub const MAX_SPIN_NS: u64 = 254 * Self::SPIN_UNIT_NS;
     /// The `P` bit.
     pub const SPIN_PINNED: u32 = 1 << 16;
+    /// The `Y` bit.
+    pub const SPIN_YIELDS: u32 = 1 << 17;
 
     /// The raw `SAMPLE` field.
     pub const fn sample_level(self) -> u8 {
@@ -271,6 +278,20 @@ impl PolicyWord {
             Self(self.0 | Self::SPIN_PINNED)
         } else {
             Self(self.0 & !Self::SPIN_PINNED)
+        }
+    }
+
+    /// Whether an [`AdaptiveMutex`] waits like a plain [`Mutex`] (`Y`).
+    pub const fn spin_yields(self) -> bool {
+        self.0 & Self::SPIN_YIELDS != 0
+    }
+
+    /// Sets or clears the `Y` bit.
+    pub const fn with_spin_yields(self, yields: bool) -> Self {
+        if yields {
+            Self(self.0 | Self::SPIN_YIELDS)
+        } else {
+            Self(self.0 & !Self::SPIN_YIELDS)
         }
     }
 
@@ -896,6 +917,11 @@ mod tests {
         assert_eq!(all.with_spin_unset().spin_ns(), None);
         assert_eq!(all.with_sample_default().sample_level(), 0);
         assert!(!all.with_spin_pinned(false).spin_pinned());
+        assert!(!all.spin_yields());
+        let yields = all.with_spin_yields(true);
+        assert!(yields.spin_yields() && yields.spin_pinned());
+        assert_eq!((yields.spin_ns(), yields.tag()), (Some(1024), 9));
+        assert_eq!(yields.with_spin_yields(false), all);
         assert_eq!(all.with_tag(0).0 >> 24, 0);
     }
 

@@ -689,7 +689,7 @@ impl RawMutex {
         } else {
             self.sampler.word()
         };
-        if self.adaptive {
+        if self.adaptive && !word.spin_yields() {
             Spin::Until(adaptive::spin_deadline(start, word))
         } else {
             Spin::ParkingLot
@@ -1470,6 +1470,22 @@ mod tests {
     fn set_sampling<T>(m: &Mutex<T>, word: PolicyWord) {
         assert!(super::super::set_policy_word(m.instance_id().unwrap(), word));
         m.refresh_policy();
+    }
+
+    #[test]
+    fn an_adaptive_lock_with_the_yield_bit_waits_like_a_plain_one() {
+        let m = crate::AdaptiveMutex::named(&unique("adaptive-yield"), ());
+        let budget = PolicyWord::default().with_spin_ns(4096);
+        set_sampling(&m, budget);
+        assert!(matches!(m.raw().spin_policy(clock::ticks()), Spin::Until(_)));
+        set_sampling(&m, budget.with_spin_yields(true));
+        assert!(matches!(m.raw().spin_policy(clock::ticks()), Spin::ParkingLot));
+        let plain = Mutex::named(&unique("plain-yield"), ());
+        set_sampling(&plain, budget);
+        assert!(matches!(
+            plain.raw().spin_policy(clock::ticks()),
+            Spin::ParkingLot
+        ));
     }
 
     #[test]
