@@ -38,8 +38,10 @@
 //! host, and it runs the adaptive policy.
 //!
 //! Environment: `SUBETHA_BENCH_QUICK=1` (short criterion runs, 3 rounds of
-//! 100 ms), `SUBETHA_BENCH_ROUNDS` (default 25), `SUBETHA_BENCH_SLICE_MS`
-//! (default 60), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
+//! 100 ms), `SUBETHA_BENCH_ROUNDS` (default 200), `SUBETHA_BENCH_SLICE_MS`
+//! (default 10: on a VM whose speed drifts, many short slices give a
+//! median within a few % in one run; between runs, the regime a
+//! two-thread workload falls into can still move it further), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
 //! ns), `SUBETHA_BENCH_ONLY=<group>/<id>` (run that one case alone for
 //! `SUBETHA_BENCH_SLICE_MS`, default 2000, and print its ns/op and the
 //! contended-wait quantiles the sidecar recorded: for `perf record` and
@@ -679,8 +681,8 @@ fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
         (3, Duration::from_millis(100))
     } else {
         (
-            env_u64("SUBETHA_BENCH_ROUNDS", 25),
-            Duration::from_millis(env_u64("SUBETHA_BENCH_SLICE_MS", 60)),
+            env_u64("SUBETHA_BENCH_ROUNDS", 200),
+            Duration::from_millis(env_u64("SUBETHA_BENCH_SLICE_MS", 10)),
         )
     };
     let mut rows = Vec::new();
@@ -783,8 +785,12 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
         let word = PolicyWord(policy_word(*id).unwrap_or(0));
         out.push_str(&format!(
             "adaptive {set}: budget chosen by the policy: {}\n",
-            word.spin_ns()
-                .map_or("unset (default)".to_owned(), |ns| format!("{ns} ns"))
+            if word.spin_yields() {
+                "none: waits like a plain Mutex (Y)".to_owned()
+            } else {
+                word.spin_ns()
+                    .map_or("unset (default)".to_owned(), |ns| format!("{ns} ns"))
+            }
         ));
     }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
