@@ -58,8 +58,8 @@
 //!    `pause`s takes the word's cache line from the holder each time and
 //!    slows every hold, while `parking_lot`'s waiter soon yields and
 //!    leaves the holder alone (on the 2-CPU EPYC hosts, a hammered lock
-//!    ran at 36–54% of `parking_lot` polling for the minimum budget, and
-//!    at 96–104% yielding).
+//!    ran at 34–54% of `parking_lot` polling for the minimum budget, and
+//!    at 96–105% yielding).
 //! 4. Otherwise budget = [`AdaptiveConfig::spin_holds`] × that hold time
 //!    (enough for the holder and a waiter ahead to finish), at least
 //!    [`AdaptiveConfig::min_spin_ns`] and at most the park cost: short holds

@@ -274,11 +274,7 @@ impl PolicyWord {
 
     /// Sets or clears the pin bit.
     pub const fn with_spin_pinned(self, pinned: bool) -> Self {
-        if pinned {
-            Self(self.0 | Self::SPIN_PINNED)
-        } else {
-            Self(self.0 & !Self::SPIN_PINNED)
-        }
+        self.with_bit(Self::SPIN_PINNED, pinned)
     }
 
     /// Whether an [`AdaptiveMutex`] waits like a plain [`Mutex`] (`Y`).
@@ -288,10 +284,14 @@ impl PolicyWord {
 
     /// Sets or clears the `Y` bit.
     pub const fn with_spin_yields(self, yields: bool) -> Self {
-        if yields {
-            Self(self.0 | Self::SPIN_YIELDS)
+        self.with_bit(Self::SPIN_YIELDS, yields)
+    }
+
+    const fn with_bit(self, bit: u32, set: bool) -> Self {
+        if set {
+            Self(self.0 | bit)
         } else {
-            Self(self.0 & !Self::SPIN_YIELDS)
+            Self(self.0 & !bit)
         }
     }
 
