@@ -1448,14 +1448,7 @@ mod tests {
         let m = Arc::new(Mutex::named(&name, 0u32));
         set_sampling(&m, PolicyWord::default().with_sample_every(0));
         let mut guard = m.lock();
-        let waiter = {
-            let m = Arc::clone(&m);
-            std::thread::spawn(move || *m.lock() += 1)
-        };
-        // Wait until the other thread is parked on the lock.
-        while m.raw().state.load(Ordering::Relaxed) & PARKED_BIT == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let waiter = spawn_parked(&m, |m| *m.lock() += 1);
         MutexGuard::bump(&mut guard);
         // The waiter had the lock in between.
         assert_eq!(*guard, 1);
@@ -1465,6 +1458,42 @@ mod tests {
         // This thread's plain lock and the waiter's contended one; the
         // waiter's is not recorded again at this thread's release.
         assert_eq!(op(&r, op::LOCK), (2, 1, 0, 1));
+    }
+
+    /// Runs `f` on a new thread that blocks on `m` (which the caller
+    /// holds) and returns once that thread sleeps in its park. PARKED_BIT
+    /// alone is not enough: the thread sets it before it queues itself, and
+    /// a release in between wakes nobody (a test that only waited for the
+    /// bit failed that way under a loaded CI run).
+    fn spawn_parked<T: Send + 'static>(
+        m: &Arc<Mutex<T>>,
+        f: impl FnOnce(&Mutex<T>) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        use std::sync::atomic::AtomicI32;
+        let tid = Arc::new(AtomicI32::new(0));
+        let waiter = {
+            let (m, tid) = (Arc::clone(m), Arc::clone(&tid));
+            std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+                f(&m);
+            })
+        };
+        let sleeping = |tid: i32| {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let tid = tid.load(Ordering::SeqCst);
+            if tid != 0 && m.raw().state.load(Ordering::SeqCst) & PARKED_BIT != 0 && sleeping(tid) {
+                return waiter;
+            }
+            assert!(Instant::now() < deadline, "the waiter never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     fn set_sampling<T>(m: &Mutex<T>, word: PolicyWord) {
@@ -1562,19 +1591,12 @@ mod tests {
         let first = m.lock();
         let winner = Arc::new(AtomicU8::new(0));
         let waiter = {
-            let (m, winner) = (Arc::clone(&m), Arc::clone(&winner));
-            std::thread::spawn(move || {
+            let winner = Arc::clone(&winner);
+            spawn_parked(&m, move |m| {
                 let _hold = m.lock();
                 let _ = winner.compare_exchange(0, WAITER, Ordering::SeqCst, Ordering::SeqCst);
             })
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while m.raw().state.load(Ordering::SeqCst) & PARKED_BIT == 0 {
-            assert!(Instant::now() < deadline, "the waiter never parked");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // Asleep, not just announced.
-        std::thread::sleep(Duration::from_millis(20));
         std::mem::forget(first);
         m.raw().state.fetch_and(!LOCKED_BIT, Ordering::Release);
         let plain = m.lock();
