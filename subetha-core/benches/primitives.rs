@@ -38,7 +38,7 @@
 //! host, and it runs the adaptive policy.
 //!
 //! Environment: `SUBETHA_BENCH_QUICK=1` (short criterion runs, 3 rounds of
-//! 100 ms), `SUBETHA_BENCH_ROUNDS` (default 200), `SUBETHA_BENCH_SLICE_MS`
+//! 100 ms; also when built as a test, without `--bench`), `SUBETHA_BENCH_ROUNDS` (default 200), `SUBETHA_BENCH_SLICE_MS`
 //! (default 10: on a VM whose speed drifts, many short slices give a
 //! median within a few % in one run; between runs, the regime a
 //! two-thread workload falls into can still move it further), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
@@ -568,8 +568,10 @@ fn cases() -> Vec<Case> {
 // ---------------------------------------------------------------------------
 // Pass 1: criterion.
 
+/// Short runs: asked for, or the bench built as a test (`cargo test
+/// --all-targets` runs it without `--bench`, as a smoke test).
 fn quick() -> bool {
-    std::env::var("SUBETHA_BENCH_QUICK").is_ok_and(|v| v == "1")
+    std::env::var("SUBETHA_BENCH_QUICK").is_ok_and(|v| v == "1") || !std::env::args().any(|a| a == "--bench")
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
