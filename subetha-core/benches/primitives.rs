@@ -636,12 +636,13 @@ struct RatioSummary {
 
 impl RatioSummary {
     fn of(mut ratios: Vec<f64>) -> Self {
-        ratios.sort_by(f64::total_cmp);
+        // Sorts `ratios`, which the order statistics below rely on.
+        let median = median(&mut ratios);
         let n = ratios.len();
         let half_width = 0.98 * (n as f64).sqrt();
         let at = |i: f64| ratios[(i.max(0.0) as usize).min(n - 1)];
         Self {
-            median: median(&mut ratios.clone()),
+            median,
             ci: (
                 at((n as f64 / 2.0 - half_width).floor()),
                 at((n as f64 / 2.0 + half_width).ceil()),
