@@ -1461,39 +1461,48 @@ mod tests {
     }
 
     /// Runs `f` on a new thread that blocks on `m` (which the caller
-    /// holds) and returns once that thread sleeps in its park. PARKED_BIT
-    /// alone is not enough: the thread sets it before it queues itself, and
-    /// a release in between wakes nobody (a test that only waited for the
-    /// bit failed that way under a loaded CI run).
+    /// holds) and returns once that thread sits in `parking_lot_core`'s
+    /// queue for the lock. PARKED_BIT alone is not enough (the thread sets
+    /// it before it queues itself, and a release in between wakes nobody),
+    /// nor is the thread's sleeping state: it can sleep on the queue's own
+    /// lock, still unqueued. Both failed that way under a loaded CI run.
     fn spawn_parked<T: Send + 'static>(
         m: &Arc<Mutex<T>>,
         f: impl FnOnce(&Mutex<T>) + Send + 'static,
     ) -> std::thread::JoinHandle<()> {
-        use std::sync::atomic::AtomicI32;
-        let tid = Arc::new(AtomicI32::new(0));
+        let before = queued_on(m.raw());
         let waiter = {
-            let (m, tid) = (Arc::clone(m), Arc::clone(&tid));
-            std::thread::spawn(move || {
-                // SAFETY: gettid has no preconditions.
-                tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
-                f(&m);
-            })
-        };
-        let sleeping = |tid: i32| {
-            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-            // The state follows the parenthesised command name.
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+            let m = Arc::clone(m);
+            std::thread::spawn(move || f(&m))
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let tid = tid.load(Ordering::SeqCst);
-            if tid != 0 && m.raw().state.load(Ordering::SeqCst) & PARKED_BIT != 0 && sleeping(tid) {
-                return waiter;
-            }
+        while queued_on(m.raw()) == before {
             assert!(Instant::now() < deadline, "the waiter never parked");
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert_ne!(m.raw().state.load(Ordering::SeqCst) & PARKED_BIT, 0);
+        waiter
+    }
+
+    /// How many threads sleep in `parking_lot_core`'s queue for `raw`,
+    /// counted under the queue's lock without waking any.
+    fn queued_on(raw: &RawMutex) -> usize {
+        let mut queued = 0;
+        // SAFETY: the key is the address `raw` parks on; the filter only
+        // counts and skips, and neither it nor the callback panics or calls
+        // into `parking_lot_core`. With nobody unparked, the call changes
+        // neither the queue nor the bucket's fairness timer.
+        unsafe {
+            parking_lot_core::unpark_filter(
+                raw as *const RawMutex as usize,
+                |_| {
+                    queued += 1;
+                    parking_lot_core::FilterOp::Skip
+                },
+                |_| parking_lot_core::DEFAULT_UNPARK_TOKEN,
+            );
+        }
+        queued
     }
 
     fn set_sampling<T>(m: &Mutex<T>, word: PolicyWord) {
@@ -1563,15 +1572,50 @@ mod tests {
     /// Three runs: the release without the hand-off loses to the thief in
     /// about three of five (the woken waiter's own attempt to take the lock
     /// on a fair turn sometimes wins anyway).
+    ///
+    /// The runs happen in a child process of this test binary, alone: the
+    /// fair turn is due when a timer of `parking_lot_core`'s hash bucket
+    /// has run out, the bucket is shared with other locks, and another
+    /// test's wake-up there restarts the timer.
     #[test]
     fn a_plain_lock_taken_while_threads_park_hands_the_lock_over_when_fairness_is_due() {
-        for _ in 0..3 {
-            assert_eq!(
-                fair_turn_winner(),
-                FAIR_TURN_WAITER,
-                "the spinning thief took the lock on a fair turn"
-            );
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "primitives::mutex::tests::fair_turn_child_process",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(FAIR_TURN_CHILD_ENV, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+        let winners = stdout
+            .lines()
+            .find_map(|line| line.split_once("fair-turn winners: ").map(|(_, w)| w))
+            .unwrap_or_else(|| panic!("the child reported no winners:\n{stdout}"));
+        assert_eq!(
+            winners,
+            format!("{:?}", [FAIR_TURN_WAITER; 3]),
+            "the spinning thief (2) took the lock on a fair turn"
+        );
+    }
+
+    const FAIR_TURN_CHILD_ENV: &str = "SUBETHA_FAIR_TURN_CHILD";
+
+    /// Runs in the child process started by the test above (and does
+    /// nothing otherwise).
+    #[test]
+    #[ignore = "helper process of a_plain_lock_taken_while_threads_park_hands_the_lock_over_when_fairness_is_due"]
+    fn fair_turn_child_process() {
+        if std::env::var_os(FAIR_TURN_CHILD_ENV).is_none() {
+            return;
         }
+        let winners: Vec<u8> = (0..3).map(|_| fair_turn_winner()).collect();
+        println!("fair-turn winners: {winners:?}");
     }
 
     const FAIR_TURN_WAITER: u8 = 1;
