@@ -57,6 +57,10 @@ use criterion::{Criterion, Throughput};
 use subetha_core::primitives::{PolicyWord, policy_word, set_policy_word};
 use subetha_core::{AdaptiveMutex, Channel, Mutex, SidecarMode};
 
+#[path = "common/paired.rs"]
+mod paired;
+use paired::{RatioSummary, median};
+
 // ---------------------------------------------------------------------------
 // Driving a workload: a fixed number of operations (criterion) or a time
 // slice (interleaved comparison).
@@ -622,62 +626,9 @@ struct Row {
     ratio: RatioSummary,
 }
 
-/// The paired per-round ratios of one row, summarised.
-struct RatioSummary {
-    median: f64,
-    /// A distribution-free 95% confidence interval of the median: the
-    /// order statistics `n/2 ∓ 0.98·√n` (the normal approximation to the
-    /// binomial). It treats rounds as independent, which the VM's slow
-    /// regime drift only approximates.
-    ci: (f64, f64),
-    min: f64,
-    max: f64,
-}
-
-impl RatioSummary {
-    fn of(mut ratios: Vec<f64>) -> Self {
-        // Sorts `ratios`, which the order statistics below rely on.
-        let median = median(&mut ratios);
-        let n = ratios.len();
-        let half_width = 0.98 * (n as f64).sqrt();
-        let at = |i: f64| ratios[(i.max(0.0) as usize).min(n - 1)];
-        Self {
-            median,
-            ci: (
-                at((n as f64 / 2.0 - half_width).floor()),
-                at((n as f64 / 2.0 + half_width).ceil()),
-            ),
-            min: ratios[0],
-            max: ratios[n - 1],
-        }
-    }
-
-    /// Against a throughput target (a ratio to the baseline): met when the
-    /// whole interval is at or above it, missed when all of it is below.
-    fn verdict(&self, target: f64) -> &'static str {
-        if self.ci.0 >= target {
-            "meets"
-        } else if self.ci.1 < target {
-            "MISSES"
-        } else {
-            "CI spans target"
-        }
-    }
-}
-
 /// The throughput target for the contended and channel rows: 95%
 /// of the wrapped type's.
 const THROUGHPUT_TARGET: f64 = 0.95;
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
 
 fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
     let (rounds, slice) = if quick() {

@@ -18,10 +18,14 @@
 //! The two-thread measurements are not criterion groups (see
 //! [`threaded_rows`] for why): `lossy_concurrent` (push attempts while a
 //! consumer thread drains) and `lossless` (items moved producer → consumer,
-//! the producer retrying on full) run in rounds that alternate between the
-//! implementations, and their medians and quartiles go to side files. A
-//! filter argument selects them by the same ids (`lossless/rtrb`; `|`
-//! separates alternatives, each matched as a substring). What criterion cannot express (drop fractions, whether
+//! the producer retrying on full) run in many short rounds (200 of 2¹⁸
+//! items; `SUBETHA_BENCH_ROUNDS` sets the number) that alternate between
+//! the implementations. Their medians and quartiles go to side files, with
+//! subetha's comparison to rtrb paired round by round: the median of
+//! rtrb's time over ours and of the drop fractions' difference, each with a
+//! 95% confidence interval. A filter argument selects them by the same ids
+//! (`lossless/rtrb`; `|` separates alternatives, each matched as a
+//! substring). What criterion cannot express (drop fractions, whether
 //! threads were pinned) goes to small JSON files in `$SUBETHA_BENCH_OUT`
 //! (default `target/subetha-bench/`).
 //!
@@ -46,6 +50,10 @@ use subetha_core::{
     Drainer, Instance, InstanceKind, Observation, ObservationRing, Segment, SegmentConfig, SegmentView,
     SidecarMode,
 };
+
+#[path = "common/paired.rs"]
+mod paired;
+use paired::RatioSummary;
 
 /// Slots in every ring under test.
 const CAPACITY: usize = ObservationRing::CAPACITY;
@@ -382,13 +390,20 @@ fn push_full(c: &mut Criterion) {
 
 /// Rounds per implementation and items per round.
 fn round_plan() -> (usize, usize, usize) {
-    // (rounds, timed items per round, untimed warm-up items per round)
+    // (rounds, timed items per round, untimed warm-up items per round).
+    // Many short rounds (a few ms each): the paired ratio's interval
+    // narrows with their number, and each pair of rounds sits in one of
+    // the VM's speed regimes.
     if !std::env::args().any(|a| a == "--bench") {
         (1, 1 << 16, 1 << 12) // `cargo test` smoke run
     } else if quick() {
-        (5, 1 << 20, 1 << 16)
+        (20, 1 << 17, 1 << 12)
     } else {
-        (15, 4 << 20, 1 << 18)
+        let rounds = std::env::var("SUBETHA_BENCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200);
+        (rounds, 1 << 18, 1 << 14)
     }
 }
 
@@ -583,19 +598,20 @@ fn threaded_rows() {
         let mut drops = vec![0u64; pairs.len()];
         let mut pinned = true;
         // Rounds during which other processes ran (others compile on these
-        // machines) are run again, up to `RETRIES` times each; what could
-        // not be run quietly is kept and counted.
+        // machines) are run again, up to `RETRIES` times each, after a wait
+        // for a quiet moment; what could not be run quietly is kept and
+        // counted.
         const RETRIES: usize = 3;
         let (mut rerun, mut disturbed, mut waited) = (0usize, 0usize, Duration::ZERO);
         let smoke = rounds == 1;
+        if !smoke {
+            waited += wait_for_quiet(Duration::from_secs(2));
+        }
         for round in 0..rounds {
             for k in 0..pairs.len() {
                 let i = (round + k) % pairs.len();
                 let pair = &mut pairs[i].1;
                 for attempt in 0..=RETRIES {
-                    if !smoke {
-                        waited += wait_for_quiet(Duration::from_secs(2));
-                    }
                     let before = cpu_jiffies();
                     let (elapsed, accepted, helper_pinned) = if lossy {
                         pair.lossy_round(warm, n)
@@ -606,6 +622,7 @@ fn threaded_rows() {
                     let quiet = smoke || others_between(before, cpu_jiffies()) <= 1;
                     if !quiet && attempt < RETRIES {
                         rerun += 1;
+                        waited += wait_for_quiet(Duration::from_secs(2));
                         continue;
                     }
                     disturbed += usize::from(!quiet);
@@ -622,6 +639,11 @@ fn threaded_rows() {
              disturbed; waited {:.1} s for quiet",
             waited.as_secs_f64()
         );
+        let index_of = |name: &str| pairs.iter().position(|(n, _)| *n == name);
+        let vs_rtrb = match (index_of("subetha"), index_of("rtrb")) {
+            (Some(ours), Some(rtrb)) => Some((ours, rtrb)),
+            _ => None,
+        };
         for (i, (name, _)) in pairs.iter().enumerate() {
             let (median, q1, q3) = quartiles(&ns[i]);
             let unit = if lossy { "ns/push" } else { "ns/item" };
@@ -659,6 +681,58 @@ fn threaded_rows() {
                         format!("{:.6}", drops[i] as f64 / attempts as f64),
                     ),
                 ]);
+            }
+            if let Some((ours, rtrb)) = vs_rtrb.filter(|&(ours, _)| ours == i) {
+                // Paired per round and judged against "as good as rtrb":
+                // rtrb's time per item over ours (> 1: ours is faster), and
+                // rtrb's drop fraction minus ours in percentage points
+                // (> 0: ours drops less).
+                let speed = RatioSummary::of(ns[rtrb].iter().zip(&ns[ours]).map(|(r, o)| r / o).collect());
+                let _ = write!(
+                    line,
+                    "\n{group}/{name}: speed vs rtrb (rtrb's time / ours), paired per round: median {:.3} \
+                     (95% CI {:.3} .. {:.3}) [{:.3} .. {:.3}]: {}",
+                    speed.median,
+                    speed.ci.0,
+                    speed.ci.1,
+                    speed.min,
+                    speed.max,
+                    speed.verdict(1.0)
+                );
+                fields.extend([
+                    ("vs_rtrb_speed", format!("{:.6}", speed.median)),
+                    ("vs_rtrb_speed_ci_low", format!("{:.6}", speed.ci.0)),
+                    ("vs_rtrb_speed_ci_high", format!("{:.6}", speed.ci.1)),
+                ]);
+                if lossy {
+                    let fewer = RatioSummary::of(
+                        fractions[rtrb]
+                            .iter()
+                            .zip(&fractions[ours])
+                            .map(|(r, o)| (r - o) * 100.0)
+                            .collect(),
+                    );
+                    let _ = write!(
+                        line,
+                        "\n{group}/{name}: points of pushes dropped fewer than rtrb, paired per round: \
+                         median {:+.2} (95% CI {:+.2} .. {:+.2}): {}",
+                        fewer.median,
+                        fewer.ci.0,
+                        fewer.ci.1,
+                        fewer.verdict(0.0)
+                    );
+                    fields.extend([
+                        ("vs_rtrb_fewer_dropped_points", format!("{:.6}", fewer.median)),
+                        (
+                            "vs_rtrb_fewer_dropped_points_ci_low",
+                            format!("{:.6}", fewer.ci.0),
+                        ),
+                        (
+                            "vs_rtrb_fewer_dropped_points_ci_high",
+                            format!("{:.6}", fewer.ci.1),
+                        ),
+                    ]);
+                }
             }
             println!("{line}");
             write_side_file(&format!("{group}-{name}"), &fields);

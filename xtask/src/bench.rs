@@ -192,6 +192,16 @@ impl Results {
         })
     }
 
+    /// A comparison the bench paired per round (`<field>`,
+    /// `<field>_ci_low`, `<field>_ci_high`).
+    fn side_paired(&self, file: &str, field: &str) -> Option<Paired> {
+        Some(Paired {
+            median: self.side_f64(file, field)?,
+            low: self.side_f64(file, &format!("{field}_ci_low"))?,
+            high: self.side_f64(file, &format!("{field}_ci_high"))?,
+        })
+    }
+
     fn side_bool(&self, file: &str, field: &str) -> Option<bool> {
         self.side.get(file)?.get(field)?.as_bool()
     }
@@ -236,6 +246,31 @@ enum Better {
     Higher,
 }
 
+/// A comparison with rtrb that the bench paired round by round: the
+/// median of the per-round values and its 95% confidence interval,
+/// oriented so that a larger value is better for subetha.
+#[derive(Clone, Copy, Debug)]
+struct Paired {
+    median: f64,
+    low: f64,
+    high: f64,
+}
+
+impl Paired {
+    /// Against `par` (the value at which subetha is exactly as good as
+    /// rtrb): met when the whole interval is at or above it, missed when
+    /// all of it is below, otherwise not distinguishable in this run.
+    fn verdict(&self, par: f64) -> &'static str {
+        if self.low >= par {
+            "meets"
+        } else if self.high < par {
+            "MISSES"
+        } else {
+            "par (CI spans it)"
+        }
+    }
+}
+
 /// One row: values per implementation (None = not measured / not applicable).
 struct Row {
     label: &'static str,
@@ -245,6 +280,9 @@ struct Row {
     decimals: usize,
     target: String,
     verdict: String,
+    /// The subetha/rtrb column when the bench paired the rounds (otherwise
+    /// the ratio of the two values).
+    paired_ratio: Option<f64>,
 }
 
 impl Row {
@@ -282,10 +320,33 @@ impl Row {
             decimals,
             target,
             verdict,
+            paired_ratio: None,
         }
     }
 
+    /// Judges the row by a paired speed ratio (rtrb's time per item over
+    /// subetha's, > 1 when subetha is faster) instead of by the values.
+    fn judged_by_speed(mut self, speed: Option<Paired>, better: Better) -> Self {
+        if let Some(p) = speed {
+            self.verdict = format!(
+                "{} (paired speed ×{:.2}, CI {:.2}–{:.2})",
+                p.verdict(1.0),
+                p.median,
+                p.low,
+                p.high
+            );
+            self.paired_ratio = Some(match better {
+                Better::Lower => 1.0 / p.median,
+                Better::Higher => p.median,
+            });
+        }
+        self
+    }
+
     fn ratio(&self) -> Option<f64> {
+        if self.paired_ratio.is_some() {
+            return self.paired_ratio;
+        }
         match (self.values[0], self.values[1]) {
             (Some(ours), Some(theirs)) if theirs.ns != 0.0 => Some(ours.ns / theirs.ns),
             _ => None,
@@ -330,13 +391,17 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
                 .or_else(|| results.get(group, name))
         })
     };
-    rows.push(Row::versus_rtrb(
-        "2a push, consumer draining (lossy)",
-        "ns/push",
-        rounds("lossy_concurrent"),
-        Better::Lower,
-        2,
-    ));
+    let speed = |group: &str| results.side_paired(&format!("{group}-subetha"), "vs_rtrb_speed");
+    rows.push(
+        Row::versus_rtrb(
+            "2a push, consumer draining (lossy)",
+            "ns/push",
+            rounds("lossy_concurrent"),
+            Better::Lower,
+            2,
+        )
+        .judged_by_speed(speed("lossy_concurrent"), Better::Lower),
+    );
     let drop_fraction = IMPLS.map(|name| {
         let file = format!("lossy_concurrent-{name}");
         results
@@ -348,20 +413,33 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
                 high: f.high * 100.0,
             })
     });
-    rows.push(Row::versus_rtrb(
+    let mut dropped = Row::versus_rtrb(
         "2b   dropped in 2a",
         "% of pushes",
         drop_fraction,
         Better::Lower,
         2,
-    ));
-    rows.push(Row::versus_rtrb(
-        "3  lossless producer→consumer",
-        "M obs/s",
-        rounds("lossless").map(rate),
-        Better::Higher,
-        1,
-    ));
+    );
+    if let Some(p) = results.side_paired("lossy_concurrent-subetha", "vs_rtrb_fewer_dropped_points") {
+        dropped.verdict = format!(
+            "{} (paired {:+.2} pp fewer, CI {:+.2}–{:+.2})",
+            p.verdict(0.0),
+            p.median,
+            p.low,
+            p.high
+        );
+    }
+    rows.push(dropped);
+    rows.push(
+        Row::versus_rtrb(
+            "3  lossless producer→consumer",
+            "M obs/s",
+            rounds("lossless").map(rate),
+            Better::Higher,
+            1,
+        )
+        .judged_by_speed(speed("lossless"), Better::Higher),
+    );
 
     let drain = rate(results.get("drainer", "scan_cross_core"));
     rows.push(Row {
@@ -375,6 +453,7 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
             Some(_) => "MISSES".to_owned(),
             None => "not run".to_owned(),
         },
+        paired_ratio: None,
     });
     let drain_warm = rate(results.get("drainer", "scan_same_core"));
     rows.push(Row {
@@ -384,6 +463,7 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
         decimals: 1,
         target: "reference".to_owned(),
         verdict: if drain_warm.is_some() { "—" } else { "not run" }.to_owned(),
+        paired_ratio: None,
     });
 
     let observe = results.get("observe", "subetha");
@@ -406,6 +486,7 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
         decimals: 2,
         target,
         verdict,
+        paired_ratio: None,
     });
 
     let mut out = String::new();
@@ -476,10 +557,13 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
         out,
         "Per-item figures are criterion's mean per iteration divided by the items per iteration; \
          \"CIs overlap\": the 95% confidence intervals of subetha and rtrb overlap, so the \
-         difference is within this run's noise. Rows 2a, 2b and 3 are the median of rounds that \
-         alternate between the implementations (order rotating each round), and their interval \
-         is the interquartile range of the rounds. 2b counts push attempts the ring refused \
-         (subetha: push returned false; rtrb, ArrayQueue: push returned Err)."
+         difference is within this run's noise. Rows 2a, 2b and 3 show the median of many short \
+         rounds that alternate between the implementations (order rotating each round) and are \
+         judged paired: each round of subetha against the round of rtrb beside it (speed = rtrb's \
+         time per item / subetha's; pp = rtrb's drop percentage minus subetha's), by the 95% \
+         confidence interval of the median: \"meets\" when all of it is on subetha's side of par, \
+         \"MISSES\" when none of it is, \"par\" when it spans par. 2b counts push attempts the \
+         ring refused (subetha: push returned false; rtrb, ArrayQueue: push returned Err)."
     );
     out
 }
