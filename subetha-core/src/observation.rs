@@ -228,14 +228,20 @@ mod tests {
     #[test]
     fn push_auto_stamps_thread_id_when_zero() {
         let ring = Box::<ObservationRing>::default();
-        assert!(ring.push(Observation::new(3, 1, 0, 99)));
-        let popped = ring.pop().expect("pushed one");
-        assert_eq!(popped.producer_thread_id, thread_id());
-        assert_ne!(popped.producer_thread_id, 0);
-        assert_eq!(
-            (popped.instance_id, popped.op_kind, popped.latency_ticks),
-            (3, 1, 99)
-        );
+        // Both stamping paths (out of line) carry every other field over.
+        assert!(ring.push(Observation::new(3, 1, 2, 99)));
+        assert!(ring.try_push(Observation::new(4, 5, 1, u64::MAX)).is_ok());
+        let stamped = |instance_id, op_kind, flags, latency_ticks| Observation {
+            instance_id,
+            op_kind,
+            flags,
+            latency_ticks,
+            producer_thread_id: thread_id(),
+            _reserved: 0,
+        };
+        assert_ne!(thread_id(), 0);
+        assert_eq!(ring.pop(), Some(stamped(3, 1, 2, 99)));
+        assert_eq!(ring.pop(), Some(stamped(4, 5, 1, u64::MAX)));
     }
 
     #[test]
