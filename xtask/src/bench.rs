@@ -474,7 +474,7 @@ fn render(results: &Results, quick: bool, others_busy: Option<f64>) -> String {
             let meets = over <= 3.0;
             (
                 format!("≤ 1a + 3 = {:.2}", p.ns + 3.0),
-                format!("{} (+{over:.2} ns)", if meets { "meets" } else { "MISSES" }),
+                format!("{} ({over:+.2} ns)", if meets { "meets" } else { "MISSES" }),
             )
         }
         _ => ("≤ 1a + 3 ns".to_owned(), "not run".to_owned()),
