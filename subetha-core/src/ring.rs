@@ -142,21 +142,6 @@ pub struct ProducerCounters {
     pub episode_first_instance: u32,
 }
 
-/// An observation with this thread's id, from its other fields: what the
-/// out-of-line stamping paths receive in registers (see
-/// [`ObservationRing::push_unstamped`]).
-#[inline(always)]
-fn stamped(instance_id: u32, op_kind: u16, flags: u16, latency_ticks: u64, reserved: u32) -> Observation {
-    Observation {
-        instance_id,
-        op_kind,
-        flags,
-        latency_ticks,
-        producer_thread_id: thread_id(),
-        _reserved: reserved,
-    }
-}
-
 impl ObservationRing {
     /// Number of slots (4096).
     pub const CAPACITY: usize = CAPACITY;
@@ -210,41 +195,57 @@ impl ObservationRing {
     /// Only one thread may push at a time.
     #[inline]
     pub fn push(&self, obs: Observation) -> bool {
-        if obs.producer_thread_id == 0 {
-            let Observation {
-                instance_id,
-                op_kind,
-                flags,
-                latency_ticks,
-                _reserved,
-                ..
-            } = obs;
-            return self.push_unstamped(instance_id, op_kind, flags, latency_ticks, _reserved);
-        }
-        self.push_stamped(obs)
+        self.stamp_then(obs, Self::push_stamped)
     }
 
-    /// [`push`](Self::push) of an observation with no thread id yet.
+    /// Calls `then` with `obs`, stamped with [`thread_id()`] first if its
+    /// thread id is 0.
+    #[inline(always)]
+    fn stamp_then<R>(&self, obs: Observation, then: impl FnOnce(&Self, Observation) -> R) -> R {
+        if obs.producer_thread_id != 0 {
+            return then(self, obs);
+        }
+        let Observation {
+            instance_id,
+            op_kind,
+            flags,
+            latency_ticks,
+            _reserved,
+            ..
+        } = obs;
+        self.stamp_then_cold(instance_id, op_kind, flags, latency_ticks, _reserved, then)
+    }
+
+    /// [`stamp_then`](Self::stamp_then)'s stamping, out of line and handed
+    /// the fields one by one, so they travel in registers (a 24-byte
+    /// `Observation` argument would travel through memory).
     ///
-    /// Out of line, and handed the fields one by one, so they travel in
-    /// registers (a 24-byte `Observation` argument would travel through
-    /// memory): with the stamping (a possible call) inline, a loop of
-    /// pushes kept part of the observation on the stack, one more store
-    /// per push. While a consumer
-    /// drains, stores are what a push waits for: that store made a push
-    /// 0.87–0.90× rtrb's speed (`cargo bench -p subetha-core --bench ring
-    /// -- lossy_concurrent`, paired rounds); without it, 1.10–1.20×.
+    /// With the stamping (a possible call) inline, a loop of pushes kept
+    /// part of the observation on the stack: one more store per push.
+    /// While a consumer drains, stores are what a push waits for, and that
+    /// store made a push 0.86–0.90× rtrb's speed (`cargo bench -p
+    /// subetha-core --bench ring -- lossy_concurrent`, paired rounds);
+    /// without it, 1.02–1.20× (five runs).
     #[cold]
     #[inline(never)]
-    fn push_unstamped(
+    fn stamp_then_cold<R>(
         &self,
         instance_id: u32,
         op_kind: u16,
         flags: u16,
         latency_ticks: u64,
-        reserved: u32,
-    ) -> bool {
-        self.push_stamped(stamped(instance_id, op_kind, flags, latency_ticks, reserved))
+        _reserved: u32,
+        then: impl FnOnce(&Self, Observation) -> R,
+    ) -> R {
+        let obs = Observation {
+            instance_id,
+            op_kind,
+            flags,
+            latency_ticks,
+            producer_thread_id: thread_id(),
+            _reserved,
+        };
+        then(self, obs)
     }
 
     /// [`push`](Self::push) for callers that already stamped the thread id.
@@ -277,34 +278,7 @@ impl ObservationRing {
     /// lossless producer). Stamps the thread id like [`push`](Self::push).
     #[inline]
     pub fn try_push(&self, obs: Observation) -> Result<(), Observation> {
-        if obs.producer_thread_id == 0 {
-            let Observation {
-                instance_id,
-                op_kind,
-                flags,
-                latency_ticks,
-                _reserved,
-                ..
-            } = obs;
-            return self.try_push_unstamped(instance_id, op_kind, flags, latency_ticks, _reserved);
-        }
-        self.try_push_stamped(obs)
-    }
-
-    /// [`try_push`](Self::try_push) of an observation with no thread id
-    /// yet; out of line for the reason given at
-    /// [`push_unstamped`](Self::push_unstamped).
-    #[cold]
-    #[inline(never)]
-    fn try_push_unstamped(
-        &self,
-        instance_id: u32,
-        op_kind: u16,
-        flags: u16,
-        latency_ticks: u64,
-        reserved: u32,
-    ) -> Result<(), Observation> {
-        self.try_push_stamped(stamped(instance_id, op_kind, flags, latency_ticks, reserved))
+        self.stamp_then(obs, Self::try_push_stamped)
     }
 
     #[inline(always)]
