@@ -294,8 +294,9 @@ const _: () = {
 /// [`COUNT_SHIFT`]), not pushed. Zero, the value every release leaves
 /// behind, so that the uncontended `lock` need not write it.
 const PENDING_NOTHING: u8 = 0;
-/// `pending` kind: an acquisition that is neither pushed nor counted (the
-/// quiet `try_lock` of `Debug`).
+/// `pending` kind: an acquisition that is neither pushed nor counted at its
+/// release (the quiet `try_lock` of `Debug`; a plain `lock` whose hold was
+/// bumped, counted at the bump).
 const PENDING_QUIET: u8 = 5;
 /// `pending` kind: an uncontended `try_lock`.
 const PENDING_TRY_LOCK: u8 = 2;
@@ -992,14 +993,25 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
             let pending = self.pending.get();
             let (wait, long_wait) = (self.wait.get(), self.long_wait.get());
             let hold_start = self.hold_start.get();
-            // This hold goes on: its count, if any, comes with its release.
-            self.unlock_slow(true, 0);
+            // A plain `lock` is counted in the lock word at its release.
+            // Count it at the bump's release instead: a thread that takes
+            // the lock plainly in between must read the count after it, or
+            // it would take this hold's place and end the same count again
+            // (a CI run saw 64 `lock`s reported twice). Its release then
+            // counts nothing (`PENDING_QUIET`); a count it ends, or a
+            // sampled hold, still goes out there.
+            let plain = pending & PENDING_KIND == PENDING_NOTHING;
+            self.unlock_slow(true, if plain { COUNT_ONE } else { 0 });
             if !self.lock_fast() {
                 // Not a wait of its own (no tick reading needed): the
                 // hold goes on.
                 self.lock_slow(0, Spin::ParkingLot, None);
             }
-            self.pending.set(pending);
+            self.pending.set(if plain {
+                pending & !PENDING_KIND | PENDING_QUIET
+            } else {
+                pending
+            });
             self.wait.set(wait);
             self.long_wait.set(long_wait);
             self.hold_start.set(hold_start);
@@ -1421,6 +1433,54 @@ mod tests {
         });
         let (ops, contended, _, _) = op(&r, op::LOCK);
         assert_eq!(ops, total, "{contended} of them contended");
+    }
+
+    /// A bump in the middle of a plain hold that ends a count: a thread
+    /// that takes the lock plainly during the bump must not end the same
+    /// count again (the word's count did not yet include the bumped hold,
+    /// so it looked due a second time: 64 `lock`s reported twice, seen
+    /// once in a CI run of the test above). One thread bumps every hold;
+    /// the other only takes plain `lock`s, so they meet in the gap often.
+    #[test]
+    fn a_bumped_hold_and_a_lock_taken_during_the_bump_end_no_count_twice() {
+        const PER_THREAD: u64 = 800;
+        for round in 0..10 {
+            let name = unique("mutex-bump-count");
+            let m = Arc::new(Mutex::named(&name, 0u64));
+            let start = Arc::new(StdBarrier::new(4));
+            let workers: Vec<_> = [true, false, true, false]
+                .into_iter()
+                .map(|bumps| {
+                    let (m, start) = (Arc::clone(&m), Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        start.wait();
+                        for _ in 0..PER_THREAD {
+                            let mut g = m.lock();
+                            *g += 1;
+                            // Long enough that waiters park, so bumps hand
+                            // the lock over.
+                            for _ in 0..200 {
+                                std::hint::spin_loop();
+                            }
+                            if bumps {
+                                MutexGuard::bump(&mut g);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            let m = Arc::into_inner(m).expect("workers are gone");
+            assert_eq!(*m.lock(), 4 * PER_THREAD);
+            drop(m);
+            let total = 4 * PER_THREAD + 1;
+            let r = wait_for(&name, |r| {
+                r.meta.retired_mono_ns.is_some() && op(r, op::LOCK).0 >= total
+            });
+            assert_eq!(op(&r, op::LOCK).0, total, "round {round}");
+        }
     }
 
     /// The lock word's count wraps into `count_high` and counting goes on.
