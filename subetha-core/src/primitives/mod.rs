@@ -40,7 +40,9 @@
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 64) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
 //!   op. Unsampled releases record nothing, so the count of an `unlock` op is
-//!   the number of *sampled* holds, not of releases.
+//!   the number of *sampled* holds, not of releases. ([`Mutex`] samples at
+//!   that rate in expectation, at random, so that no bookkeeping runs inside
+//!   its holds; see its module.)
 //! * **Policy word.** A consumer (the sidecar's [`Policy`](crate::Policy)
 //!   decisions, or the agent) writes a per-instance `u32` in the segment; its
 //!   encoding is [`PolicyWord`]. Reading it is a segment lookup, so each
@@ -537,9 +539,12 @@ impl Sampler {
         PolicyWord(self.word.load(Ordering::Relaxed))
     }
 
-    /// Caches `word`.
+    /// Caches `word`. Stores only a change: the cache shares a line with
+    /// the primitive, which other threads read on every operation.
     pub(crate) fn apply(&self, word: PolicyWord) {
-        self.word.store(word.0, Ordering::Relaxed);
+        if self.word.load(Ordering::Relaxed) != word.0 {
+            self.word.store(word.0, Ordering::Relaxed);
+        }
     }
 }
 

@@ -12,18 +12,29 @@
 //! difference, for speed: a thread that parks *during* a plain hold is woken
 //! just after that hold's release rather than just before). Guards
 //! are `lock_api` guards, so `map`, `unlocked`, `unlock_fair`, `bump` and
-//! `leak` all work. The uncontended `lock` is one atomic test-and-set of
-//! the lock bit and a test of the count the lock word carries; its release
-//! is one atomic add that clears the lock bit and counts the `lock`. No
-//! clock read, no ring push, no other store. Only when the test-and-set
-//! finds the lock held does the slow path take a timestamp, and it records
-//! the whole wait when it gets the lock.
+//! `leak` all work. The uncontended `lock` is a test of a thread-local
+//! (does this thread owe a hold-sampler draw?), one atomic test-and-set of
+//! the lock bit, and a test for parked threads; its release is one atomic
+//! add that clears the lock bit and counts the `lock`, and a test of the
+//! count it replaced (is a count due?). No clock read, no ring push, no
+//! other store. Only when the test-and-set finds the lock held does the
+//! slow path take a timestamp, and it records the whole wait when it gets
+//! the lock.
+//!
+//! Nothing of the bookkeeping runs inside the hold: counts are decided
+//! after the release, and hold sampling before the acquisition (see
+//! `HOLD_DRAW`). On a 2-CPU host, any work inside an occasional hold, even
+//! one `rdtsc` in every 64th, tipped two threads sharing a lock with 50 ns
+//! sections from alternating into colliding: 78–87% of `parking_lot`'s
+//! throughput, against 86–99% without it.
 //!
 //! Uncontended `lock`s are reported as counts
 //! ([`Observation::FLAG_COUNT`](crate::Observation::FLAG_COUNT)): one
 //! observation for the 1st, 2nd, 4th, … 64th of the lock's life (so a lock
 //! shows up at once), then one per [`COUNT_BATCH`], and the rest when the
-//! mutex is dropped. A consumer's `lock` count may therefore lag a live
+//! mutex is dropped. (The early counts start again after each wrap of the
+//! lock word's 14-bit count, every 16,384 `lock`s; they add up to one
+//! batch, so the total stays exact.) A consumer's `lock` count may therefore lag a live
 //! mutex by up to 63 uncontended acquisitions; it is exact once the mutex
 //! is gone. Contended `lock`s, `try_lock`s and sampled holds are reported
 //! one by one. (One push per uncontended `lock` cost a 2-CPU host a fifth
@@ -33,6 +44,13 @@
 //! after the release, so the ring push is not part of the critical section
 //! (a lock held for a long time shows its `lock` only at release; the
 //! recorded wait is still measured at acquisition).
+//!
+//! Hold times are sampled at the level in the instance's policy word (1 in
+//! 64 by default) in expectation, at random, not every 64th acquisition: a
+//! sampled hold runs from a clock reading just before the acquisition (or
+//! the end of its wait) to one just after the release. Levels finer than 1
+//! in 64 are exact for a thread that keeps taking the mutex, lower (down to
+//! 1 in 64) for one that takes other mutexes in between.
 //!
 //! `lock_api::Mutex::<RawMutex, T>::new` (the raw `INIT`) and
 //! [`Mutex::unobserved`] build an unobserved mutex (no instance), usable in
@@ -84,7 +102,7 @@ const COUNT_SHIFT: u32 = 2;
 const COUNT_ONE: u16 = 1 << COUNT_SHIFT;
 /// The count bits of the lock word.
 const COUNT_BITS: u16 = !(LOCKED_BIT | PARKED_BIT);
-/// The largest count the lock word holds (it wraps into `count_high`).
+/// The largest count the lock word holds; the next `lock` wraps it to 0.
 const COUNT_MAX: u16 = COUNT_BITS >> COUNT_SHIFT;
 /// Unpark token: try to take the lock again.
 const TOKEN_NORMAL: UnparkToken = UnparkToken(0);
@@ -101,36 +119,42 @@ const PAUSES_PER_POLL: u32 = 4;
 pub const COUNT_BATCH: u32 = 64;
 const _: () = assert!(COUNT_BATCH.is_power_of_two() && COUNT_BATCH <= COUNT_MAX as u32 + 1);
 
-/// The uncontended `lock`s counted so far: the lock word's count and its
-/// wraps. Only read by the lock holder or an exclusive owner, when the
-/// count is not moving.
+/// The lock word's count of uncontended `lock`s (modulo 2^14), read from
+/// the word a release replaced: which counts are due is decided after the
+/// release, from the value its atomic add returns, so the hold itself does
+/// no bookkeeping. (Any work inside the every-64th hold, even one `rdtsc`,
+/// cost a two-thread lock with 50 ns sections a tenth of its throughput on
+/// a 2-CPU VM: an occasional longer hold tips the threads from alternating
+/// into colliding.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LockCount {
-    /// Wraps of the lock word's count.
-    high: u16,
-    /// The lock word's count.
-    low: u16,
-}
+struct LockCount(u16);
 
 impl LockCount {
-    /// The total, modulo 2^30. Sampling decisions take it from here, so a
-    /// sampling level of 1 in 2^31 samples 1 in 2^30.
-    fn total(self) -> u32 {
-        u32::from(self.high) << (16 - COUNT_SHIFT) | u32::from(self.low)
+    /// The count in a lock word.
+    fn of_word(word: u16) -> Self {
+        Self(word >> COUNT_SHIFT)
     }
 
-    /// Still in the first [`COUNT_BATCH`] of its life (or of a 2^30 wrap,
-    /// which starts the early counts again; their sum is the same).
+    /// In the first [`COUNT_BATCH`] of the word's count: of the lock's
+    /// life, or of a wrap of the 14-bit count, which starts the early
+    /// counts again (they add up to one batch, so totals stay exact).
     fn young(self) -> bool {
-        self.high == 0 && u32::from(self.low) < COUNT_BATCH
+        u32::from(self.0) < COUNT_BATCH
     }
 
-    /// Whether the uncontended `lock` taken at this count (so the
-    /// `total() + 1`-th) ends a count: the 1st, 2nd, 4th … 64th of the
-    /// lock's life, then every [`COUNT_BATCH`]th. Returns how many `lock`s
-    /// the count covers.
+    /// The cheap test a release runs: may [`due`](Self::due) or a policy
+    /// refresh be due for the `lock` taken at this count?
+    #[inline(always)]
+    fn may_be_due(self) -> bool {
+        u32::from(self.0) % COUNT_BATCH == COUNT_BATCH - 1 || self.young()
+    }
+
+    /// Whether the uncontended `lock` taken at this count (the
+    /// `self.0 + 1`-th of the word's count) ends a count: the 1st, 2nd,
+    /// 4th … 64th of the lock's life, then every [`COUNT_BATCH`]th.
+    /// Returns how many `lock`s the count covers.
     fn due(self) -> Option<u32> {
-        let nth = u32::from(self.low) % COUNT_BATCH + 1;
+        let nth = u32::from(self.0) % COUNT_BATCH + 1;
         if nth == COUNT_BATCH {
             Some(if self.young() {
                 COUNT_BATCH / 2
@@ -144,9 +168,21 @@ impl LockCount {
         }
     }
 
+    /// Whether the `lock` taken at this count is the last of a batch of
+    /// [`COUNT_BATCH`] (it schedules a hold-sampler draw, see `HOLD_DRAW`).
+    fn ends_a_batch(self) -> bool {
+        u32::from(self.0) % COUNT_BATCH == COUNT_BATCH - 1
+    }
+
+    /// Whether the `lock` taken at this count is due to re-read the policy
+    /// word (every [`REFRESH_EVERY`](super::REFRESH_EVERY)th).
+    fn refresh_due(self) -> bool {
+        u32::from(self.0) % super::REFRESH_EVERY == super::REFRESH_EVERY - 1
+    }
+
     /// How many of the `lock`s counted so far no count covers yet.
     fn uncounted(self) -> u32 {
-        let done = u32::from(self.low) % COUNT_BATCH;
+        let done = u32::from(self.0) % COUNT_BATCH;
         if !self.young() {
             done
         } else if done == 0 {
@@ -158,34 +194,17 @@ impl LockCount {
     }
 
     /// The count after one more `lock`.
+    #[cfg(test)]
     fn next(self) -> Self {
-        if self.low == COUNT_MAX {
-            Self {
-                high: self.high.wrapping_add(1),
-                low: 0,
-            }
-        } else {
-            Self {
-                high: self.high,
-                low: self.low + 1,
-            }
-        }
+        Self(if self.0 == COUNT_MAX { 0 } else { self.0 + 1 })
     }
 }
 
-/// The mask an uncontended `lock` tests its count against (all zeros under
-/// it: run the bookkeeping): [`Sampler::check_mask_of`] cut to
-/// [`COUNT_BATCH`], which also ends a count at a multiple of the batch.
-const fn lock_check_mask(word: PolicyWord) -> u8 {
-    (Sampler::check_mask_of(word) & (COUNT_BATCH - 1)) as u8
-}
-const _: () = assert!(COUNT_BATCH <= 1 << 8);
+const _: () = assert!(super::REFRESH_EVERY.is_multiple_of(COUNT_BATCH));
 
 /// How a hold began: what its release pushes as the acquisition.
 #[derive(Clone, Copy)]
 enum Acquired {
-    /// An uncontended `lock`.
-    Lock,
     /// An uncontended `try_lock` (or timed variant).
     TryLock,
     /// A `lock` (or timed `try_lock`, [`op::TRY_LOCK`]) that waited this
@@ -227,7 +246,7 @@ enum Spin {
 ///
 /// | bytes | fields | written by |
 /// |---|---|---|
-/// | 0–15 | `sampler`, `probe`, `adaptive`, `count_check`, `count_high` | nearly nobody (a policy change, every 16,384th uncontended `lock`) |
+/// | 0–15 | `sampler`, `probe`, `adaptive` | nearly nobody (a policy change) |
 /// | 16–31 | `hold_start`, `long_wait` | the holder of a sampled hold or of a wait over 2^32 ticks |
 /// | 32–39 (+ data) | `wait`, `pending`, `state` | acquisitions that are not plain uncontended `lock`s, and every release |
 ///
@@ -252,24 +271,14 @@ pub struct RawMutex {
     probe: Probe,
     /// Spin before parking with the budget from the policy word.
     adaptive: bool,
-    /// The uncontended `lock`'s one test, against its count: the
-    /// bookkeeping runs when the count's bits under it are all ones (the
-    /// next `lock` is a multiple of it). 0 while the lock is young (the
-    /// early counts), else [`lock_check_mask`] of the cached policy word,
-    /// stored by the bookkeeping itself. Only touched by the lock holder.
-    count_check: Cell<u8>,
-    /// Wraps of the lock word's count ([`LockCount::high`]). Only touched
-    /// by the lock holder.
-    count_high: Cell<u16>,
     /// Ticks when a sampled hold began (valid with [`PENDING_SAMPLED`]).
     /// Only touched by the lock holder.
     hold_start: Cell<u64>,
     /// A wait of 2^32 ticks or more (valid with [`PENDING_LONG_WAIT`]).
     /// Only touched by the lock holder.
     long_wait: Cell<u64>,
-    /// A waited-for acquisition's wait in ticks, when under 2^32; with
-    /// [`PENDING_COUNT`], the `lock`s the count covers. Only touched by
-    /// the lock holder.
+    /// A waited-for acquisition's wait in ticks, when under 2^32. Only
+    /// touched by the lock holder.
     wait: Cell<u32>,
     /// What the release pushes: a `PENDING_*` kind plus flags. Only
     /// touched by the lock holder.
@@ -310,19 +319,61 @@ const PENDING_KIND: u8 = 0b111;
 const PENDING_SAMPLED: u8 = 0b1000;
 /// `pending` flag: the wait is in `long_wait`, not `wait`.
 const PENDING_LONG_WAIT: u8 = 0b1_0000;
-/// `pending` flag: this `lock` ends a count of uncontended `lock`s
-/// ([`LockCount::due`]) covering `wait` `lock`s; the release pushes it.
-const PENDING_COUNT: u8 = 0b10_0000;
 /// `pending` flag: threads were parked when this uncontended `lock` took
 /// the lock, so its release is `parking_lot`'s (see
 /// [`RawMutex::release`]), not the bare atomic add.
 const PENDING_PARKED: u8 = 0b100_0000;
 
+/// Uncontended `lock`s per draw of the hold sampler (see `HOLD_DRAW`).
+const HOLD_SAMPLE_EVERY: u32 = COUNT_BATCH;
+
+thread_local! {
+    /// A draw of the hold sampler this thread owes, as its weight (0: none).
+    ///
+    /// Hold sampling is decided *before* the `lock bts`, so a sampled hold's
+    /// first clock reading is taken before the lock is, and nothing is
+    /// added to the hold but two stores. Nothing of the lock can decide it
+    /// then (its count is only known once the lock is taken, and reading
+    /// its line before the `lock bts` slows a hammered lock), and a
+    /// per-thread countdown costs every `lock` a store (a hammered lock
+    /// lost a tenth of its throughput to it). So the draws are scheduled by
+    /// the locks' counts: a thread whose release ends a batch of
+    /// [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any mutex) owes
+    /// a draw with weight [`HOLD_SAMPLE_EVERY`], and its next `lock`, of
+    /// whichever mutex, pays it: sampled with probability weight / level of
+    /// that mutex. Draws thus come at one per [`HOLD_SAMPLE_EVERY`]
+    /// uncontended `lock`s, and each mutex is sampled at its level in
+    /// expectation. A mutex with a finer level leaves a draw of weight 1
+    /// owed, so the thread's next `lock` draws again, with probability
+    /// 1 / level: exact for a thread that keeps taking that mutex, lower
+    /// (down to 1 in [`HOLD_SAMPLE_EVERY`]) while it takes others. A
+    /// thread's first `lock` draws with weight 1.
+    static HOLD_DRAW: Cell<u32> = const { Cell::new(1) };
+    /// The sampler's xorshift state; 0 until the thread's first draw.
+    static HOLD_SAMPLE_RNG: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The next random number of the calling thread's hold sampler.
+fn next_hold_random() -> u32 {
+    HOLD_SAMPLE_RNG.with(|rng| {
+        let mut x = rng.get();
+        if x == 0 {
+            // A distinct, nonzero seed per thread.
+            x = crate::thread_id().wrapping_mul(0x9E37_79B9) | 1;
+        }
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        rng.set(x);
+        x
+    })
+}
+
 /// Reports the uncontended `lock`s no count covers yet, before the probe
 /// (dropped after this) unregisters the instance.
 impl Drop for RawMutex {
     fn drop(&mut self) {
-        let rest = self.lock_count().uncounted();
+        let rest = LockCount::of_word(*self.state.get_mut()).uncounted();
         if rest != 0 {
             self.probe.emit(op::LOCK, COUNT, u64::from(rest));
         }
@@ -355,8 +406,6 @@ impl RawMutex {
             sampler: Sampler::new(),
             probe,
             adaptive,
-            count_check: Cell::new(0),
-            count_high: Cell::new(0),
             hold_start: Cell::new(0),
             long_wait: Cell::new(0),
             wait: Cell::new(0),
@@ -382,11 +431,11 @@ impl RawMutex {
         self.probe.id()
     }
 
-    /// Re-reads the policy word now (normally done every
-    /// [`REFRESH_EVERY`](super::REFRESH_EVERY) acquisitions and on every
-    /// contended one) and returns it. Uncontended `lock`s pick up a finer
-    /// sampling level at their next bookkeeping, at most [`COUNT_BATCH`]
-    /// `lock`s later; everything else at once.
+    /// Re-reads the policy word now and returns it. Done every
+    /// [`REFRESH_EVERY`](super::REFRESH_EVERY) uncontended `lock`s (after
+    /// the release), on contended ones at most every
+    /// [`SLOW_PATH_REFRESH_NS`](super::SLOW_PATH_REFRESH_NS), and every
+    /// `REFRESH_EVERY` of a thread's other operations on the lock.
     pub fn refresh_policy(&self) -> PolicyWord {
         let word = self.probe.policy_word();
         self.sampler.apply(word);
@@ -429,23 +478,24 @@ impl RawMutex {
     /// `parking_lot`'s release: with threads parked, wakes one while the
     /// lock is still held and may hand it over ([`unlock_slow`](Self::unlock_slow));
     /// otherwise [`add_release`](Self::add_release). Adds `count` (0 or
-    /// [`COUNT_ONE`]) to the lock word's count either way.
+    /// [`COUNT_ONE`]) to the lock word's count either way, and returns the
+    /// word it replaced.
     ///
     /// # Safety
     ///
     /// The caller holds the lock.
     #[inline(always)]
-    unsafe fn unlock_raw(&self, fair: bool, count: u16) {
+    unsafe fn unlock_raw(&self, fair: bool, count: u16) -> u16 {
         if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
-            self.unlock_slow(fair, count);
-            return;
+            return self.unlock_slow(fair, count);
         }
         // SAFETY: forwarded: the caller holds the lock.
         unsafe { self.add_release(count) }
     }
 
     /// Releases the lock in one atomic add that also adds `count` to the
-    /// lock word's count; wakes a thread that parked meanwhile.
+    /// lock word's count; wakes a thread that parked meanwhile. Returns
+    /// the word it replaced.
     ///
     /// It does not load the word first: the release of a plain
     /// uncontended `lock` that saw no parked thread is this alone. (A load
@@ -458,7 +508,7 @@ impl RawMutex {
     ///
     /// The caller holds the lock.
     #[inline(always)]
-    unsafe fn add_release(&self, count: u16) {
+    unsafe fn add_release(&self, count: u16) -> u16 {
         // LOCKED_BIT is set, so adding `count - LOCKED_BIT` clears it and
         // carries nothing into PARKED_BIT: one `lock xadd`, whose Release
         // publishes the critical section.
@@ -468,6 +518,14 @@ impl RawMutex {
         if before & PARKED_BIT != 0 {
             self.wake_one_released();
         }
+        before
+    }
+
+    /// The lock word's count (for tests: only meaningful while the lock is
+    /// free and nobody takes it).
+    #[cfg(test)]
+    fn count(&self) -> LockCount {
+        LockCount::of_word(self.state.load(Ordering::Relaxed))
     }
 
     /// Wakes one parked thread after a release that found PARKED_BIT set
@@ -520,34 +578,23 @@ impl RawMutex {
         }
     }
 
-    /// The lock word's count and its wraps. Only meaningful to the lock
-    /// holder or an exclusive owner.
-    fn lock_count(&self) -> LockCount {
-        LockCount {
-            high: self.count_high.get(),
-            low: self.state.load(Ordering::Relaxed) >> COUNT_SHIFT,
+    /// Right after an uncontended `lock`: `pending` is already
+    /// PENDING_NOTHING (see `release`) and the release counts this `lock`,
+    /// so nothing is written unless threads are parked.
+    #[inline(always)]
+    fn acquired_plain(&self) {
+        if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
+            self.release_slowly();
         }
     }
 
-    /// Bookkeeping right after an acquisition: leaves its observation for
-    /// the release to push (an uncontended `lock` is only counted), and
-    /// every so often samples the hold, re-reads the policy word or ends a
-    /// count. `now` is a tick reading taken at acquisition, or 0.
+    /// Bookkeeping right after any other acquisition: leaves its
+    /// observation for the release to push, and every so often samples
+    /// the hold or re-reads the policy word. `now` is a tick reading taken
+    /// at acquisition, or 0.
     #[inline(always)]
     fn acquired(&self, how: Acquired, now: u64) {
         match how {
-            Acquired::Lock => {
-                // `pending` is already PENDING_NOTHING (see `release`), and
-                // the release counts this `lock`: nothing to write here
-                // unless threads are parked.
-                let word = self.state.load(Ordering::Relaxed);
-                if word & PARKED_BIT != 0 {
-                    self.release_slowly();
-                }
-                if !(word >> COUNT_SHIFT) & u16::from(self.count_check.get()) == 0 {
-                    self.bookkeeping(now);
-                }
-            }
             Acquired::TryLock => {
                 self.pending.set(PENDING_TRY_LOCK);
                 self.sample_reported(now);
@@ -612,49 +659,55 @@ impl RawMutex {
         }
     }
 
-    /// Every few uncontended `lock`s (see [`acquired`](Self::acquired)):
-    /// ends a count when one is due, carries the lock word's count when it
-    /// is about to wrap, samples the hold or re-reads the policy word when
-    /// due, and sets the next test.
+    /// The `lock` that pays the draw this thread owes (see [`HOLD_DRAW`]):
+    /// draws with weight `weight`, then takes the lock, sampled or not. A
+    /// sampled hold begins at a reading taken before the `lock bts`, or at
+    /// the end of the wait.
     #[cold]
     #[inline(never)]
-    fn bookkeeping(&self, now: u64) {
-        let count = self.lock_count();
-        if let Some(covered) = count.due() {
-            self.wait.set(covered);
-            self.pending.set(self.pending.get() | PENDING_COUNT);
+    fn lock_drawing_a_sample(&self, weight: u32) {
+        let mask = self.sampler.mask();
+        // Probability weight / level (certain once the weight covers it).
+        let sampled = mask != Sampler::OFF && next_hold_random() & mask < weight;
+        let fine = mask != Sampler::OFF && mask < HOLD_SAMPLE_EVERY - 1;
+        HOLD_DRAW.with(|draw| draw.set(if fine { 1 } else { 0 }));
+        if !sampled {
+            if self.lock_fast() {
+                self.acquired_plain();
+            } else {
+                self.lock_contended(false);
+            }
+            return;
         }
-        let next = count.next();
-        if next.high != count.high {
-            // The release's add wraps the word's count.
-            self.count_high.set(next.high);
-        }
-        self.sample_or_refresh(next.total(), now);
-        let check = if next.young() {
-            0
+        let before = clock::ticks();
+        if self.lock_fast() {
+            self.acquired_plain();
+            self.hold_start.set(before);
+            self.pending.set(self.pending.get() | PENDING_SAMPLED);
         } else {
-            lock_check_mask(self.sampler.word())
-        };
-        if check != self.count_check.get() {
-            self.count_check.set(check);
+            self.lock_contended(true);
         }
     }
 
     /// The contended `lock`: waits, then records the wait.
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self) {
+    fn lock_contended(&self, sampled: bool) {
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
             parked_at, at: now, ..
         } = self.lock_slow(start, spin, None);
+        let mut pending = self.record_wait(op::LOCK, now.saturating_sub(start).max(1));
+        if sampled {
+            self.hold_start.set(now);
+            pending |= PENDING_SAMPLED;
+        }
+        self.pending.set(pending);
         if parked_at != 0 {
             self.probe
                 .emit(op::PARK, CONTENDED, now.saturating_sub(parked_at).max(1));
         }
-        let ticks = now.saturating_sub(start).max(1);
-        self.acquired(Acquired::Waited { op: op::LOCK, ticks }, now);
     }
 
     /// The contended timed `try_lock`: waits until `deadline`, records the
@@ -808,14 +861,16 @@ impl RawMutex {
 
     /// Wakes one parked thread while the lock is still held; with
     /// `force_fair` (or `parking_lot_core`'s periodic fairness) hands it
-    /// the lock directly. Adds `count` to the lock word's count either way.
+    /// the lock directly. Adds `count` to the lock word's count either way,
+    /// and returns the word it replaced.
     /// The release, with threads parked, of every hold but a plain
     /// uncontended `lock` that found none parked (see [`release`](Self::release)),
     /// and of `bump`.
     #[cold]
     #[inline(never)]
-    fn unlock_slow(&self, force_fair: bool, count: u16) {
+    fn unlock_slow(&self, force_fair: bool, count: u16) -> u16 {
         let addr = self as *const Self as usize;
+        let mut replaced = 0;
         let callback = |result: UnparkResult| {
             // Plain stores, as in `parking_lot`: the lock is still ours and
             // the queue is locked, so the one concurrent change is a waiter
@@ -824,7 +879,8 @@ impl RawMutex {
             // thread's `lock bts` finds the bit set and changes nothing; an
             // earlier holder's `wake_one_released` runs under the same
             // queue lock.) The count bits are only changed by the holder.
-            let counted = (self.state.load(Ordering::Relaxed) & COUNT_BITS).wrapping_add(count);
+            replaced = self.state.load(Ordering::Relaxed);
+            let counted = (replaced & COUNT_BITS).wrapping_add(count);
             let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
             if result.unparked_threads != 0 && (force_fair || result.be_fair) {
                 // Keep the lock locked for the woken thread.
@@ -840,6 +896,40 @@ impl RawMutex {
         unsafe {
             parking_lot_core::unpark_one(addr, callback);
         }
+        replaced
+    }
+
+    /// After a release that counted one uncontended `lock`: from the word
+    /// the release replaced, ends a count or re-reads the policy word when
+    /// due. Reads nothing of the lock but the word's old value (in a
+    /// register) unless one is due.
+    #[inline(always)]
+    fn counted(&self, replaced: u16) {
+        let count = LockCount::of_word(replaced);
+        if count.may_be_due() {
+            self.count_or_refresh(count);
+        }
+    }
+
+    /// [`counted`](Self::counted)'s rare part, run after the release: only
+    /// the probe (never written after construction; `&self` keeps the
+    /// mutex alive for the call) and the atomics of the policy cache.
+    #[cold]
+    #[inline(never)]
+    fn count_or_refresh(&self, count: LockCount) {
+        if let Some(covers) = count.due() {
+            self.probe.emit(op::LOCK, COUNT, u64::from(covers));
+        }
+        if count.ends_a_batch() {
+            HOLD_DRAW.with(|draw| {
+                if draw.get() == 0 {
+                    draw.set(HOLD_SAMPLE_EVERY);
+                }
+            });
+        }
+        if count.refresh_due() {
+            self.refresh_policy();
+        }
     }
 
     /// Releases the lock, then pushes what the hold recorded.
@@ -850,9 +940,11 @@ impl RawMutex {
     /// so a thread that was parked before the hold began can be handed the
     /// lock (`parking_lot`'s eventual fairness).
     ///
-    /// Everything the pushes need is read before the release, from the
-    /// lock's own line: after it, the next holder may own that line, and a
-    /// read would both wait for it and take it away again.
+    /// Everything the pushes need from the lock's own line is read before
+    /// the release: after it, the next holder may own that line, and a
+    /// read would both wait for it and take it away again. The counts and
+    /// the clock reading that ends a sampled hold come after the release,
+    /// out of the critical section.
     ///
     /// # Safety
     ///
@@ -865,19 +957,37 @@ impl RawMutex {
             // here, not pushed, and released by the bare add. A thread
             // that parked during the hold is woken after the release.
             // SAFETY: forwarded: the caller holds the lock.
-            unsafe { self.add_release(COUNT_ONE) };
+            let replaced = unsafe { self.add_release(COUNT_ONE) };
+            self.counted(replaced);
+        } else if pending == PENDING_SAMPLED && !fair {
+            // The same, sampled: the hold ends at the release, and its
+            // clock reading and push come after it.
+            let start = self.hold_start.get();
+            self.pending.set(PENDING_NOTHING);
+            // SAFETY: forwarded: the caller holds the lock.
+            let replaced = unsafe { self.add_release(COUNT_ONE) };
+            self.counted(replaced);
+            self.emit_hold(start);
         } else if pending == PENDING_NOTHING {
             // SAFETY: forwarded: the caller holds the lock.
-            unsafe { self.unlock_raw(true, COUNT_ONE) };
+            let replaced = unsafe { self.unlock_raw(true, COUNT_ONE) };
+            self.counted(replaced);
         } else {
             // SAFETY: forwarded: the caller holds the lock.
             unsafe { self.release_recorded(pending, fair) }
         }
     }
 
+    /// Pushes a sampled hold that began at `start`, after its release.
+    #[cold]
+    #[inline(never)]
+    fn emit_hold(&self, start: u64) {
+        self.probe.emit(op::UNLOCK, 0, since(start));
+    }
+
     /// [`release`](Self::release) of a hold whose acquisition was not a
-    /// plain uncontended `lock`, that was sampled, that ends a count, or
-    /// that began with threads parked.
+    /// plain uncontended `lock`, or that began with threads parked, or a
+    /// sampled one released fairly.
     ///
     /// # Safety
     ///
@@ -885,7 +995,6 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     unsafe fn release_recorded(&self, pending: u8, fair: bool) {
-        let emitter = self.probe.emitter();
         let waited = || {
             if pending & PENDING_LONG_WAIT != 0 {
                 self.long_wait.get()
@@ -899,26 +1008,23 @@ impl RawMutex {
             PENDING_WAITED_TRY_LOCK => Some((op::TRY_LOCK, CONTENDED, waited())),
             _ => None,
         };
-        let held = (pending & PENDING_SAMPLED != 0).then(|| since(self.hold_start.get()));
-        let count = (pending & PENDING_COUNT != 0).then(|| self.wait.get());
-        // A plain `lock` that was sampled or ends a count is counted too.
-        let counted = if pending & PENDING_KIND == PENDING_NOTHING {
-            COUNT_ONE
-        } else {
-            0
-        };
+        let hold_start = (pending & PENDING_SAMPLED != 0).then(|| self.hold_start.get());
+        // A plain `lock` (sampled, or taken with threads parked) is
+        // counted too.
+        let plain = pending & PENDING_KIND == PENDING_NOTHING;
         // What the next uncontended `lock` expects to find.
         self.pending.set(PENDING_NOTHING);
         // SAFETY: forwarded: the caller holds the lock.
-        unsafe { self.unlock_raw(fair, counted) };
-        if let Some(count) = count {
-            emitter.emit(op::LOCK, COUNT, u64::from(count));
+        let replaced = unsafe { self.unlock_raw(fair, if plain { COUNT_ONE } else { 0 }) };
+        if plain {
+            self.counted(replaced);
         }
+        let emitter = self.probe.emitter();
         if let Some((op, flags, latency)) = acquisition {
             emitter.emit(op, flags, latency);
         }
-        if let Some(held) = held {
-            emitter.emit(op::UNLOCK, 0, held);
+        if let Some(start) = hold_start {
+            emitter.emit(op::UNLOCK, 0, since(start));
         }
     }
 
@@ -945,10 +1051,18 @@ unsafe impl lock_api::RawMutex for RawMutex {
 
     #[inline]
     fn lock(&self) {
+        // Nothing of the lock is read before the `lock bts` (a load of its
+        // line there costs a hammered lock its exclusive ownership), and
+        // nothing is stored but the lock word.
+        let draw = HOLD_DRAW.with(Cell::get);
+        if draw != 0 {
+            self.lock_drawing_a_sample(draw);
+            return;
+        }
         if self.lock_fast() {
-            self.acquired(Acquired::Lock, 0);
+            self.acquired_plain();
         } else {
-            self.lock_contended();
+            self.lock_contended(false);
         }
     }
 
@@ -997,11 +1111,14 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
             // Count it at the bump's release instead: a thread that takes
             // the lock plainly in between must read the count after it, or
             // it would take this hold's place and end the same count again
-            // (a CI run saw 64 `lock`s reported twice). Its release then
-            // counts nothing (`PENDING_QUIET`); a count it ends, or a
-            // sampled hold, still goes out there.
+            // (a CI run saw 64 `lock`s reported twice). A count it ends
+            // goes out now; its release then counts nothing
+            // (`PENDING_QUIET`), and a sampled hold still goes out there.
             let plain = pending & PENDING_KIND == PENDING_NOTHING;
-            self.unlock_slow(true, if plain { COUNT_ONE } else { 0 });
+            let replaced = self.unlock_slow(true, if plain { COUNT_ONE } else { 0 });
+            if plain {
+                self.counted(replaced);
+            }
             if !self.lock_fast() {
                 // Not a wait of its own (no tick reading needed): the
                 // hold goes on.
@@ -1330,41 +1447,34 @@ mod tests {
     }
 
     /// The counts of uncontended `lock`s: the 1st, 2nd, 4th … 64th of a
-    /// lock's life, then every 64th, across the wrap of the lock word's
-    /// 14-bit count and of the 30-bit total; what they leave uncounted is
+    /// lock's life, then every 64th, and the early counts again after each
+    /// wrap of the lock word's 14-bit count; what they leave uncounted is
     /// what a drop reports.
     #[test]
     fn counts_cover_every_uncontended_lock_exactly_once() {
-        let fresh = LockCount { high: 0, low: 0 };
+        let fresh = LockCount(0);
         let due = run_counts(fresh, 100_000);
         assert_eq!(due[..10], [1, 2, 4, 8, 16, 32, 64, 128, 192, 256]);
         assert_eq!(fresh.due(), Some(1));
-        // Across the word's wrap: the count goes on into `high`.
-        let near_wrap = LockCount {
-            high: 3,
-            low: COUNT_MAX - 70,
-        };
-        run_counts(near_wrap, 200);
-        assert_eq!(
-            LockCount {
-                high: 3,
-                low: COUNT_MAX
-            }
-            .next(),
-            LockCount { high: 4, low: 0 }
-        );
-        // Across the total's wrap (2^30): a fresh start, whose early counts
-        // sum to the same.
-        let last = LockCount {
-            high: u16::MAX,
-            low: COUNT_MAX - 100,
-        };
-        run_counts(last, 400);
-        assert_eq!(last.uncounted(), (u32::from(COUNT_MAX) - 100) % COUNT_BATCH);
+        // Across the word's wrap: a full batch ends at the wrap, then the
+        // early counts start again (they add up to one batch).
+        let near_wrap = LockCount(COUNT_MAX - 70);
+        let due = run_counts(near_wrap, 200);
+        assert_eq!(due[..4], [7, 71, 72, 73]);
+        assert_eq!(LockCount(COUNT_MAX).next(), LockCount(0));
+        assert_eq!(LockCount(COUNT_MAX).due(), Some(COUNT_BATCH));
+        assert_eq!(near_wrap.uncounted(), (u32::from(COUNT_MAX) - 70) % COUNT_BATCH);
         assert_eq!(
             (fresh.next().uncounted(), fresh.next().next().next().uncounted()),
             (0, 1)
         );
+        // The release's cheap test lets every due count through.
+        for n in 0..=COUNT_MAX {
+            let count = LockCount(n);
+            if count.due().is_some() || count.refresh_due() {
+                assert!(count.may_be_due(), "{count:?}");
+            }
+        }
     }
 
     /// Through the lock itself: `n` uncontended locks, then a drop, reach
@@ -1377,7 +1487,7 @@ mod tests {
             for _ in 0..n {
                 drop(m.lock());
             }
-            assert_eq!(m.raw().lock_count().total(), n);
+            assert_eq!(u32::from(m.raw().count().0), n);
             drop(m);
             let r = wait_for(&name, |r| {
                 r.meta.retired_mono_ns.is_some() && op(r, op::LOCK).0 >= u64::from(n)
@@ -1483,23 +1593,28 @@ mod tests {
         }
     }
 
-    /// The lock word's count wraps into `count_high` and counting goes on.
+    /// Counting goes on across the wrap of the lock word's count, through
+    /// the lock itself: the batch that ends at the wrap, the early counts
+    /// after it, and the rest at the drop add up to every `lock`.
     #[test]
-    fn the_lock_words_count_wraps_into_its_high_part() {
-        let m = Mutex::unobserved(());
-        let raw = m.raw();
-        let near = LockCount {
-            high: 0,
-            low: COUNT_MAX - 2,
-        };
-        raw.state.store(near.low << COUNT_SHIFT, Ordering::Relaxed);
-        raw.count_check.set(lock_check_mask(PolicyWord::default()));
-        for _ in 0..5 {
+    fn counting_goes_on_across_the_wrap_of_the_lock_words_count() {
+        let name = unique("mutex-wrap");
+        let m = Mutex::named(&name, ());
+        // As if 16,381 `lock`s had gone by: the last 61 of them were not
+        // counted yet (the batch ends at 16,384).
+        let near = LockCount(COUNT_MAX - 2);
+        m.raw().state.store(near.0 << COUNT_SHIFT, Ordering::Relaxed);
+        for _ in 0..200 {
             drop(m.lock());
         }
-        assert_eq!(raw.lock_count(), LockCount { high: 1, low: 2 });
-        assert_eq!(raw.lock_count().total(), near.total() + 5);
+        assert_eq!(m.raw().count(), LockCount(197));
         assert!(!m.is_locked());
+        drop(m);
+        let expected = u64::from(near.uncounted()) + 200;
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::LOCK).0 >= expected
+        });
+        assert_eq!(op(&r, op::LOCK), (expected, 0, 0, 0));
     }
 
     #[test]
@@ -1738,10 +1853,11 @@ mod tests {
         winner.load(Ordering::SeqCst)
     }
 
-    /// Takes `m` `n` times in chunks small enough for the ring, waiting
-    /// after each chunk until the sidecar has every count that is due;
-    /// returns the record afterwards.
-    fn lock_n(m: &Mutex<()>, name: &str, n: u64) -> crate::drain::InstanceRecord {
+    /// Takes `m` `n` more times (`before` were taken so far, all on this
+    /// thread) in chunks small enough for the ring, waiting after each
+    /// chunk until the sidecar has every count that is due; returns the
+    /// record afterwards.
+    fn lock_n(m: &Mutex<()>, name: &str, before: u64, n: u64) -> crate::drain::InstanceRecord {
         let mut done = 0;
         let mut record = None;
         while done < n {
@@ -1750,43 +1866,97 @@ mod tests {
                 drop(m.lock());
             }
             done += chunk;
-            let lifetime = m.raw().lock_count();
-            let counted = u64::from(lifetime.total() - lifetime.uncounted());
+            let total = before + done;
+            let count = LockCount((total % (u64::from(COUNT_MAX) + 1)) as u16);
+            let counted = total - u64::from(count.uncounted());
             record = Some(wait_for(name, |r| op(r, op::LOCK).0 >= counted));
         }
         record.expect("n > 0")
     }
 
+    fn held_samples(r: &crate::drain::InstanceRecord) -> u64 {
+        op(r, op::UNLOCK).0
+    }
+
+    /// Hold sampling follows the level a consumer writes into the policy
+    /// word: 1 in 64 by default, every hold, 1 in 512, off. The levels at
+    /// or above 1 in 64 are drawn at random per thread, so their counts
+    /// are checked against bounds (over four standard deviations wide;
+    /// the thread's draws are seeded by its id, so a run repeats); every
+    /// hold and off are exact.
     #[test]
     fn sampling_level_follows_the_policy_word_at_runtime() {
         let name = unique("mutex-sampling");
         let m = Mutex::named(&name, ());
         let id = m.instance_id().unwrap();
-        // Default: 1 in 64.
-        let r = lock_n(&m, &name, 1024);
-        assert_eq!(op(&r, op::UNLOCK).0, 1024 / 64);
-        // A consumer raises the level to "every acquisition"; the mutex
-        // picks it up at its next refresh (every 1024 acquisitions).
+        // Default: 1 in 64, about 100 of 6,400 (standard deviation 10).
+        let r = lock_n(&m, &name, 0, 6400);
+        let default = held_samples(&r);
+        assert!((60..=140).contains(&default), "{default} of 6400 sampled");
+        // A consumer raises the level to "every hold"; the mutex picks it
+        // up at its next refresh (every 1,024 `lock`s), within this round.
         assert!(super::super::set_policy_word(
             id,
             PolicyWord::default().with_sample_every(1)
         ));
-        // Acquisitions 1025..=2047 still sample 1 in 64 (15 holds); the
-        // refresh at 2048 switches to every hold, 2048's included.
-        let r = lock_n(&m, &name, 1024);
-        assert_eq!(op(&r, op::UNLOCK).0, 16 + 15 + 1);
-        let r = lock_n(&m, &name, 100);
-        assert_eq!(op(&r, op::UNLOCK), (132, 0, 0, 132));
-        // And lowers it again: off (applied at once by an explicit refresh).
+        let r = lock_n(&m, &name, 6400, 1024);
+        let raised = held_samples(&r);
+        let r = lock_n(&m, &name, 7424, 100);
+        assert_eq!(held_samples(&r), raised + 100, "every hold sampled");
+        // 1 in 512 (applied at once by an explicit refresh): about 64 of
+        // 32,768 (standard deviation 8), across a wrap of the lock word's
+        // count.
+        assert!(super::super::set_policy_word(
+            id,
+            PolicyWord::default().with_sample_every(512)
+        ));
+        m.refresh_policy();
+        let r = lock_n(&m, &name, 7524, 32_768);
+        let rare = held_samples(&r) - (raised + 100);
+        assert!((30..=100).contains(&rare), "{rare} of 32768 sampled");
+        // And off.
         assert!(super::super::set_policy_word(
             id,
             PolicyWord::default().with_sample_every(0)
         ));
         m.refresh_policy();
-        let r = lock_n(&m, &name, 5000);
-        // 7148 locks, the 44 since the last count (7104) not yet counted.
-        assert_eq!(op(&r, op::LOCK).0, 7104);
-        assert_eq!(op(&r, op::UNLOCK).0, 132);
+        let before_off = held_samples(&r);
+        let r = lock_n(&m, &name, 40_292, 5000);
+        assert_eq!(held_samples(&r), before_off);
+        // Every `lock` counted but the 44 since the last count (45,248 is
+        // a multiple of 64).
+        assert_eq!(op(&r, op::LOCK).0, 45_292 - 44);
+        let samples = r.stats.op(op::UNLOCK).unwrap().latency().unwrap();
+        assert!(samples.min() >= 1, "a hold time is never 0");
+    }
+
+    /// A thread alternating between two mutexes samples each at its own
+    /// level: the draw does not favour one of them (a fixed interval of 64
+    /// would always land on the same one).
+    #[test]
+    fn interleaved_mutexes_are_each_sampled_at_their_level() {
+        const ROUNDS: u64 = 64_000;
+        let (name_a, name_b) = (unique("mutex-interleave-a"), unique("mutex-interleave-b"));
+        let (a, b) = (Mutex::named(&name_a, ()), Mutex::named(&name_b, ()));
+        set_sampling(&b, PolicyWord::default().with_sample_every(512));
+        let mut done = 0;
+        while done < ROUNDS {
+            for _ in 0..500 {
+                drop(a.lock());
+                drop(b.lock());
+            }
+            done += 500;
+            // Let the sidecar keep up, so no ring fills.
+            let counted = done - u64::from(a.raw().count().uncounted());
+            wait_for(&name_a, |r| op(r, op::LOCK).0 >= counted);
+        }
+        let counted = ROUNDS - u64::from(b.raw().count().uncounted());
+        let rb = wait_for(&name_b, |r| op(r, op::LOCK).0 >= counted);
+        let ra = wait_for(&name_a, |r| op(r, op::LOCK).0 >= counted);
+        // 1,000 ± 31 and 125 ± 11 expected: bounds over four deviations.
+        let (sa, sb) = (held_samples(&ra), held_samples(&rb));
+        assert!((870..=1130).contains(&sa), "a: {sa} of {ROUNDS}");
+        assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS}");
     }
 
     #[test]
