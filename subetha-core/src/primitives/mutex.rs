@@ -26,7 +26,7 @@
 //! `HOLD_DRAW`). On a 2-CPU host, any work inside an occasional hold, even
 //! one `rdtsc` in every 64th, tipped two threads sharing a lock with 50 ns
 //! sections from alternating into colliding: 78–87% of `parking_lot`'s
-//! throughput, against 86–99% without it.
+//! throughput, against 86–101% without it.
 //!
 //! Uncontended `lock`s are reported as counts
 //! ([`Observation::FLAG_COUNT`](crate::Observation::FLAG_COUNT)): one
@@ -34,8 +34,8 @@
 //! shows up at once), then one per [`COUNT_BATCH`], and the rest when the
 //! mutex is dropped. (The early counts start again after each wrap of the
 //! lock word's 14-bit count, every 16,384 `lock`s; they add up to one
-//! batch, so the total stays exact.) A consumer's `lock` count may therefore lag a live
-//! mutex by up to 63 uncontended acquisitions; it is exact once the mutex
+//! batch, so the total stays exact.) A consumer's `lock` count may
+//! therefore lag a live mutex by up to 63 uncontended acquisitions; it is exact once the mutex
 //! is gone. Contended `lock`s, `try_lock`s and sampled holds are reported
 //! one by one. (One push per uncontended `lock` cost a 2-CPU host a fifth
 //! of a hammered lock's throughput, mostly in draining the observations.)
