@@ -35,8 +35,8 @@
 //! mutex is dropped. (The early counts start again after each wrap of the
 //! lock word's 14-bit count, every 16,384 `lock`s; they add up to one
 //! batch, so the total stays exact.) A consumer's `lock` count may
-//! therefore lag a live mutex by up to 63 uncontended acquisitions; it is exact once the mutex
-//! is gone. Contended `lock`s, `try_lock`s and sampled holds are reported
+//! therefore lag a live mutex by up to 63 uncontended acquisitions; it is
+//! exact once the mutex is gone. Contended `lock`s, `try_lock`s and sampled holds are reported
 //! one by one. (One push per uncontended `lock` cost a 2-CPU host a fifth
 //! of a hammered lock's throughput, mostly in draining the observations.)
 //!
