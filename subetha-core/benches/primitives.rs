@@ -821,6 +821,24 @@ fn profile_one(cases: &[Case], only: &str) {
                 q(0.9),
                 q(0.99)
             );
+            // What the adaptive policy decides from: the sampled holds, and
+            // the word it wrote.
+            let held = r
+                .stats
+                .op(subetha_core::primitives::mutex::op::UNLOCK)
+                .and_then(|op| op.latency());
+            if let Some(held) = held {
+                let word = PolicyWord(policy_word(r.meta.id).unwrap_or(0));
+                println!(
+                    "  {}: {} holds sampled, p50 {} p99 {} ns; policy: spin {:?} ns, yields {}",
+                    r.meta.name,
+                    held.count(),
+                    cal.ticks_to_ns(held.value_at_quantile(0.5)),
+                    cal.ticks_to_ns(held.value_at_quantile(0.99)),
+                    word.spin_ns(),
+                    word.spin_yields()
+                );
+            }
         }
     }
     println!(

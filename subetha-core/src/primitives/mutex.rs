@@ -48,7 +48,10 @@
 //! Hold times are sampled at the level in the instance's policy word (1 in
 //! 64 by default) in expectation, at random, not every 64th acquisition: a
 //! sampled hold runs from a clock reading just before the acquisition (or
-//! the end of its wait) to one just after the release. Levels finer than 1
+//! the end of its wait) to one just after the release, so it includes the
+//! acquiring instruction (a few ns, more when another core holds the lock
+//! word's line). [`AdaptiveMutex`](super::AdaptiveMutex), whose policy needs
+//! the critical section alone, reads the clock once the lock is taken. Levels finer than 1
 //! in 64 are exact for a thread that keeps taking the mutex, lower (down to
 //! 1 in 64) for one that takes other mutexes in between.
 //!
@@ -679,10 +682,18 @@ impl RawMutex {
             }
             return;
         }
-        let before = clock::ticks();
+        // An adaptive lock's policy needs the critical section alone: it
+        // reads the clock once the lock is taken. (Read before the `lock
+        // bts`, a hammered lock's samples included the wait for the lock
+        // word's line, up to a p50 of 81 ns; the policy then stopped the
+        // yielding that suits a hammered lock, and hammer/4 fell to 62% of
+        // `parking_lot`.) A plain `Mutex` keeps its hold free of clock
+        // reads, at the price of samples that include that acquisition.
+        let before = if self.adaptive { 0 } else { clock::ticks() };
         if self.lock_fast() {
             self.acquired_plain();
-            self.hold_start.set(before);
+            self.hold_start
+                .set(if self.adaptive { clock::ticks() } else { before });
             self.pending.set(self.pending.get() | PENDING_SAMPLED);
         } else {
             self.lock_contended(true);
