@@ -902,8 +902,8 @@ impl RawMutex {
             TOKEN_NORMAL
         };
         // SAFETY: `addr` is this lock's address (see `lock_slow`); the
-        // callback only stores to the lock word and a local, and does not panic or call
-        // into `parking_lot_core`.
+        // callback only stores to the lock word and a local, and does not
+        // panic or call into `parking_lot_core`.
         unsafe {
             parking_lot_core::unpark_one(addr, callback);
         }
