@@ -6,12 +6,15 @@
 //! | `uncontended` | one `lock()` + guard drop on one thread |
 //! | `contended` `…/hammer/{2,4}` | one lock + increment + unlock, 2 or 4 threads hammering one lock with nothing else to do |
 //! | `contended` `…/50+100ns/{2,4}` | the same with 50 ns of busy work inside the lock and 100 ns outside |
+//! | `rwlock` `…/read/{1,2,4}` | one `read()` of a `u64` + guard drop, 1, 2 or 4 threads on one lock |
+//! | `rwlock` `…/write/1` | one `write()` + increment + guard drop on one thread |
+//! | `rwlock` `…/mixed/{2,4}` | 50 ns of busy work under `read()`, every 8th operation under `write()` instead, and 100 ns outside |
 //! | `channel` `…/turns` | one message sent and received by the same thread (capacity 1024): the operations' own cost |
 //! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
 //! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
 //!
 //! Implementations: `parking_lot` / `crossbeam` (the wrapped types, the
-//! baseline of each comparison), `subetha` ([`Mutex`], [`Channel`]),
+//! baseline of each comparison), `subetha` ([`Mutex`], [`RwLock`], [`Channel`]),
 //! `unobserved` (the wrapper without an instance: the same lock code, no
 //! ring pushes, nothing for the sidecar to drain), `adaptive`
 //! ([`AdaptiveMutex`] with its built-in policy) and `fixed_spin` (the same
@@ -55,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use subetha_core::primitives::{PolicyWord, policy_word, set_policy_word};
-use subetha_core::{AdaptiveMutex, Channel, Mutex, SidecarMode};
+use subetha_core::{AdaptiveMutex, Channel, Mutex, RwLock, SidecarMode};
 
 #[path = "common/paired.rs"]
 mod paired;
@@ -167,6 +170,36 @@ impl CounterLock for AdaptiveMutex<u64> {
     #[inline]
     fn with(&self, f: impl FnOnce(&mut u64)) {
         f(&mut self.lock());
+    }
+}
+
+/// A reader-writer lock around a `u64` counter.
+trait CounterRwLock: Send + Sync + 'static {
+    fn read(&self, f: impl FnOnce(&u64) -> u64) -> u64;
+    fn write(&self, f: impl FnOnce(&mut u64));
+}
+
+impl CounterRwLock for parking_lot::RwLock<u64> {
+    #[inline]
+    fn read(&self, f: impl FnOnce(&u64) -> u64) -> u64 {
+        f(&parking_lot::RwLock::read(self))
+    }
+
+    #[inline]
+    fn write(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut parking_lot::RwLock::write(self));
+    }
+}
+
+impl CounterRwLock for RwLock<u64> {
+    #[inline]
+    fn read(&self, f: impl FnOnce(&u64) -> u64) -> u64 {
+        f(&RwLock::read(self))
+    }
+
+    #[inline]
+    fn write(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut RwLock::write(self));
     }
 }
 
@@ -384,6 +417,73 @@ fn work_case<L: CounterLock>(
     }
 }
 
+/// Every 8th operation of a thread in `rwlock` `…/mixed` writes.
+const RW_MIXED_WRITE_EVERY: u64 = 8;
+
+/// One thread's operation in a case.
+type Op = Box<dyn Fn() + Send + Sync>;
+
+/// The `rwlock` group's cases of one implementation: `read/{1,2,4}`,
+/// `write/1` and `mixed/{2,4}`.
+fn rwlock_cases<L: CounterRwLock>(id: &str, make: impl Fn(&str) -> L) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut add = |set: String, threads: usize, run: Box<dyn Fn(Arc<L>) -> Op>| {
+        let lock = Arc::new(make(&set));
+        let run = Arc::new(run);
+        cases.push(Case {
+            group: "rwlock",
+            id: format!("{id}/{set}"),
+            set,
+            run: Box::new(move |budget| {
+                let op: Arc<dyn Fn() + Send + Sync> = Arc::from(run(Arc::clone(&lock)));
+                drive(threads, budget, move || op())
+            }),
+        });
+    };
+    for threads in [1, 2, 4] {
+        add(
+            format!("read/{threads}"),
+            threads,
+            Box::new(|lock| {
+                Box::new(move || {
+                    black_box(lock.read(|n| *n));
+                })
+            }),
+        );
+    }
+    add(
+        "write/1".to_owned(),
+        1,
+        Box::new(|lock| Box::new(move || lock.write(|n| *n += 1))),
+    );
+    let (cs, out) = CONTENDED_WORK_NS;
+    let inside = cs * work_per_us() / 1000;
+    let outside = out * work_per_us() / 1000;
+    for threads in [2, 4] {
+        add(
+            format!("mixed/{threads}"),
+            threads,
+            Box::new(move |lock| {
+                // Each thread's own operation count picks its writes.
+                thread_local!(static NTH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+                Box::new(move || {
+                    let nth = NTH.with(|n| {
+                        n.set(n.get() + 1);
+                        n.get()
+                    });
+                    if nth.is_multiple_of(RW_MIXED_WRITE_EVERY) {
+                        lock.write(|n| *n = n.wrapping_add(busy(inside)));
+                    } else {
+                        black_box(lock.read(|n| n.wrapping_add(busy(inside))));
+                    }
+                    busy(outside);
+                })
+            }),
+        );
+    }
+    cases
+}
+
 fn scenario_set((cs, out): (u64, u64), threads: usize) -> String {
     format!("{cs}+{out}ns/{threads}")
 }
@@ -490,6 +590,11 @@ fn cases() -> Vec<Case> {
             Arc::new(adaptive),
         ));
     }
+    cases.extend(rwlock_cases("parking_lot", |_| parking_lot::RwLock::new(0)));
+    cases.extend(rwlock_cases("subetha", |set| {
+        RwLock::named(&format!("bench_rwlock_{set}"), 0)
+    }));
+    cases.extend(rwlock_cases("unobserved", |_| RwLock::unobserved(0)));
     // One thread sending and receiving in turn: each operation's own cost,
     // with no blocking regime to swing the two-thread rows.
     cases.push(channel_turns_case("crossbeam", || {
@@ -587,7 +692,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn criterion_pass(cases: &[Case]) {
     let mut c = Criterion::default().configure_from_args();
-    for group_name in ["uncontended", "contended", "channel", "adaptive"] {
+    for group_name in ["uncontended", "contended", "rwlock", "channel", "adaptive"] {
         let mut group = c.benchmark_group(group_name);
         if quick() {
             group
@@ -715,7 +820,10 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
     );
     for row in rows {
         let r = &row.ratio;
-        let judged = matches!(row.group, "contended" | "channel") && !row.is_baseline;
+        // One-thread rows are judged by the "+5 ns", not by 95%.
+        let one_thread = row.group == "rwlock" && row.id.ends_with("/1");
+        let judged =
+            matches!(row.group, "contended" | "rwlock" | "channel") && !row.is_baseline && !one_thread;
         out.push_str(&format!(
             "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% ({:.1}–{:.1}%) [{:.1}–{:.1}%]  {}\n",
             row.group,
