@@ -368,6 +368,23 @@ impl RawRwLock {
         }
     }
 
+    /// The release of a sampled write hold: out of line, so that the
+    /// common release stays inline and short.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the exclusive lock.
+    #[cold]
+    #[inline(never)]
+    unsafe fn unlock_exclusive_sampled(&self) {
+        let held = self.end_write_sample();
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { self.inner.unlock_exclusive() };
+        if let Some(held) = held {
+            self.probe.emit(op::WRITE_UNLOCK, 0, held);
+        }
+    }
+
     /// Ends a sampled write hold (release or downgrade) and records it; the
     /// caller then releases or downgrades. Returns the hold length.
     fn end_write_sample(&self) -> Option<u64> {
@@ -387,7 +404,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     const INIT: Self = Self::unobserved();
     type GuardMarker = GuardNoSend;
 
-    #[inline]
+    #[inline(always)]
     fn lock_shared(&self) {
         if self.inner.try_lock_shared() {
             self.acquired_shared(op::READ, 0, 0, 0);
@@ -401,7 +418,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
         self.try_shared(op::TRY_READ, self.inner.try_lock_shared())
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn unlock_shared(&self) {
         if self.read_samples.load(Ordering::Relaxed) == 0 {
             // SAFETY: forwarded: the caller holds a shared lock.
@@ -412,7 +429,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn lock_exclusive(&self) {
         if self.inner.try_lock_exclusive() {
             self.acquired_exclusive(op::WRITE, 0, 0, 0);
@@ -426,16 +443,14 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
         self.try_exclusive(op::TRY_WRITE, self.inner.try_lock_exclusive())
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn unlock_exclusive(&self) {
-        match self.end_write_sample() {
+        if self.write_hold_start.get() == 0 {
             // SAFETY: forwarded: the caller holds the exclusive lock.
-            None => unsafe { self.inner.unlock_exclusive() },
-            Some(held) => {
-                // SAFETY: forwarded: the caller holds the exclusive lock.
-                unsafe { self.inner.unlock_exclusive() };
-                self.probe.emit(op::WRITE_UNLOCK, 0, held);
-            }
+            unsafe { self.inner.unlock_exclusive() }
+        } else {
+            // SAFETY: forwarded: the caller holds the exclusive lock.
+            unsafe { self.unlock_exclusive_sampled() }
         }
     }
 
