@@ -23,19 +23,27 @@
 //! there is no owner-only counter as in [`Mutex`](super::Mutex)). A sampled
 //! read hold is remembered in a small per-thread table keyed by the lock's
 //! address (up to four outstanding at once; more are simply not sampled),
-//! and the lock keeps a count of outstanding read samples so an unsampled
-//! read unlock looks at nothing but that count. Read guards are not `Send`
-//! (as in `parking_lot`), so a read hold ends on the thread that began it.
+//! beside a count of its occupied slots, so an unsampled read unlock looks
+//! at nothing but that thread-local count. Read guards are not `Send` (as
+//! in `parking_lot`), so a read hold ends on the thread that began it. (A
+//! read guard leaked with `mem::forget` leaves its slot behind; a later
+//! lock at the same address would report one bogus hold from it.)
+//!
+//! Nothing is counted or pushed inside a `write`'s hold: an uncontended
+//! `write` is counted after its release, and a `write` that waited is
+//! pushed after it. (A read hold's count stays inside it: a release cannot
+//! tell a waited read from an uncontended one without a per-hold record.)
 
 use std::cell::Cell;
 use std::fmt;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_api::{
     GuardNoSend, RawRwLock as _, RawRwLockFair as _, RawRwLockRecursive as _, RawRwLockUpgrade as _,
 };
+
+use crossbeam_utils::CachePadded;
 
 use super::op_counts::OpCounts;
 use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
@@ -81,6 +89,25 @@ const READ_SLOTS: usize = 4;
 thread_local! {
     /// (lock address, start ticks) of sampled read holds; address 0 = free.
     static READ_HOLDS: Cell<[(usize, u64); READ_SLOTS]> = const { Cell::new([(0, 0); READ_SLOTS]) };
+    /// Occupied slots of `READ_HOLDS`: what `unlock_shared` tests.
+    static READ_SAMPLES: Cell<u8> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread has a sampled read hold of any lock.
+#[inline(always)]
+fn read_samples_outstanding() -> bool {
+    READ_SAMPLES.try_with(Cell::get).unwrap_or(0) != 0
+}
+
+/// What only an observed lock needs, out of line: the counts of
+/// uncontended operations, and the wait a waited `write` reports at its
+/// release.
+struct Observed {
+    /// Uncontended [`op::READ`]s (index 0) and [`op::WRITE`]s (1).
+    counts: OpCounts<2>,
+    /// The wait of a `write` that waited, in ticks (valid with
+    /// [`WRITE_WAITED`]). Only touched by the exclusive holder.
+    write_wait: CachePadded<Cell<u64>>,
 }
 
 /// The raw lock behind [`RwLock`]: a [`parking_lot::RawRwLock`] plus the
@@ -99,17 +126,36 @@ thread_local! {
 pub struct RawRwLock {
     sampler: Sampler,
     probe: Probe,
-    /// Sampled read holds not yet released (a hint for `unlock_shared`).
-    read_samples: AtomicU32,
-    /// Ticks when a sampled write hold began, 0 if not sampled. Only touched
-    /// by the exclusive holder.
+    /// What the release of the current write hold reports: `WRITE_*`
+    /// bits, 0 for an uncontended `write` (counted after the release).
+    /// Only touched by the exclusive holder; every release leaves 0.
+    write_kind: Cell<u8>,
+    /// Ticks when a sampled write hold began (valid with
+    /// [`WRITE_SAMPLED`]). Only touched by the exclusive holder.
     write_hold_start: Cell<u64>,
-    /// Uncontended [`op::READ`]s (index 0) and [`op::WRITE`]s (1); `None`
-    /// when unobserved. Boxed: the stripes take 512 bytes, and a lock
-    /// nobody observes should stay the size of `parking_lot`'s plus a few
-    /// words.
-    counts: Option<Box<OpCounts<2>>>,
+    /// `None` when unobserved. Boxed: the count stripes take 512 bytes,
+    /// and a lock nobody observes should stay the size of `parking_lot`'s
+    /// plus a few words.
+    observed: Option<Box<Observed>>,
     inner: parking_lot::RawRwLock,
+}
+
+/// `write_kind` bit: the acquisition was reported when it happened (a
+/// `try_write`, an upgrade); the release counts nothing.
+const WRITE_QUIET: u8 = 1;
+/// `write_kind` bit: a `write` that waited (`write_wait`); the release
+/// pushes it.
+const WRITE_WAITED: u8 = 2;
+/// `write_kind` bit: the hold is sampled (it began at `write_hold_start`).
+const WRITE_SAMPLED: u8 = 4;
+
+/// What a write hold's release reports, taken from the holder's fields
+/// before the lock is let go.
+#[derive(Clone, Copy)]
+struct WriteEnd {
+    kind: u8,
+    wait: u64,
+    hold_start: u64,
 }
 
 const _: () = {
@@ -124,10 +170,10 @@ const _: () = {
 /// before the probe (dropped after this) unregisters the instance.
 impl Drop for RawRwLock {
     fn drop(&mut self) {
-        let Some(counts) = self.counts.as_mut() else {
+        let Some(observed) = self.observed.as_mut() else {
             return;
         };
-        let [read, write] = counts.take_uncounted();
+        let [read, write] = observed.counts.take_uncounted();
         for (op, rest) in [(op::READ, read), (op::WRITE, write)] {
             if rest != 0 {
                 self.probe.emit(op, COUNT, rest);
@@ -136,7 +182,8 @@ impl Drop for RawRwLock {
     }
 }
 
-// SAFETY: `write_hold_start` is only read and written by the thread that
+// SAFETY: `write_hold_start`, `write_kind` and `Observed::write_wait` are
+// only read and written by the thread that
 // holds the lock exclusively (after acquiring, before releasing or
 // downgrading), so accesses are ordered by the lock itself; all other fields
 // are `Sync`.
@@ -156,20 +203,25 @@ impl RawRwLock {
         Self {
             inner: <parking_lot::RawRwLock as lock_api::RawRwLock>::INIT,
             write_hold_start: Cell::new(0),
-            read_samples: AtomicU32::new(0),
+            write_kind: Cell::new(0),
             sampler: Sampler::new(),
             probe: Probe::NONE,
-            counts: None,
+            observed: None,
         }
     }
 
     fn register(name: Option<&str>, site: &'static Location<'static>) -> Self {
         let probe = Probe::register(KIND, name, site);
         // A lock the instance table had no room for stays unobserved.
-        let counts = probe.id().map(|_| Box::new(OpCounts::new()));
+        let observed = probe.id().map(|_| {
+            Box::new(Observed {
+                counts: OpCounts::new(),
+                write_wait: CachePadded::new(Cell::new(0)),
+            })
+        });
         let mut raw = Self::unobserved();
         raw.probe = probe;
-        raw.counts = counts;
+        raw.observed = observed;
         raw.refresh_policy();
         raw
     }
@@ -190,14 +242,14 @@ impl RawRwLock {
         self as *const Self as usize
     }
 
-    /// An uncontended `read` (counter 0) or `write` (1): counted, and the
-    /// count pushed when one is due.
+    /// An uncontended `read`: counted, and the count pushed when one is
+    /// due.
     #[inline(always)]
-    fn count_uncontended(&self, op: u16) {
-        if let Some(counts) = &self.counts
-            && let Some(covered) = counts.add(usize::from(op == op::WRITE))
+    fn count_read(&self) {
+        if let Some(observed) = &self.observed
+            && let Some(covered) = observed.counts.add(0)
         {
-            self.emit_count(op, covered);
+            self.emit_count(op::READ, covered);
         }
     }
 
@@ -214,7 +266,7 @@ impl RawRwLock {
     #[inline(always)]
     fn acquired_shared(&self, op: u16, flags: u16, latency: u64, now: u64) {
         if op == op::READ && flags == 0 {
-            self.count_uncontended(op);
+            self.count_read();
         } else {
             self.probe.emit(op, flags, latency);
         }
@@ -238,23 +290,41 @@ impl RawRwLock {
             if let Some(slot) = table.iter_mut().find(|(addr, _)| *addr == 0) {
                 *slot = (self.addr(), if now != 0 { now } else { clock::ticks() }.max(1));
                 holds.set(table);
-                self.read_samples.fetch_add(1, Ordering::Relaxed);
+                READ_SAMPLES.with(|n| n.set(n.get() + 1));
             }
         });
     }
 
-    /// [`acquired_shared`](Self::acquired_shared) for an exclusive
-    /// acquisition (an uncontended `write` is counted).
+    /// After an exclusive acquisition: leaves what its release reports in
+    /// `write_kind` (an uncontended `write` leaves 0, and its release
+    /// counts it; a `write` that waited is pushed by its release; any other
+    /// acquisition is pushed now) and does the sampling bookkeeping.
+    /// Nothing is counted or pushed inside an uncontended `write`'s hold.
     #[inline(always)]
     fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, now: u64) {
-        if op == op::WRITE && flags == 0 {
-            self.count_uncontended(op);
-        } else {
-            self.probe.emit(op, flags, latency);
+        if op != op::WRITE || flags != 0 {
+            self.acquired_exclusive_recorded(op, flags, latency);
         }
         let n = next_thread_op();
         if n & self.sampler.check_mask() == 0 {
             self.bookkeeping_exclusive(n, now);
+        }
+    }
+
+    /// [`acquired_exclusive`](Self::acquired_exclusive) of anything but
+    /// an uncontended `write`.
+    #[cold]
+    #[inline(never)]
+    fn acquired_exclusive_recorded(&self, op: u16, flags: u16, latency: u64) {
+        if op == op::WRITE
+            && flags == CONTENDED
+            && let Some(observed) = &self.observed
+        {
+            observed.write_wait.set(latency);
+            self.write_kind.set(WRITE_WAITED);
+        } else {
+            self.probe.emit(op, flags, latency);
+            self.write_kind.set(WRITE_QUIET);
         }
     }
 
@@ -266,8 +336,82 @@ impl RawRwLock {
         }
         if self.sampler.wants_sample(n) {
             self.write_hold_start
-                .set(if now != 0 { now } else { clock::ticks() }.max(1));
+                .set(if now != 0 { now } else { clock::ticks() });
+            self.write_kind.set(self.write_kind.get() | WRITE_SAMPLED);
         }
+    }
+
+    /// Takes what the current write hold's release reports and leaves the
+    /// holder's fields as the next uncontended `write` expects them. The
+    /// caller holds the exclusive lock and lets it go next.
+    #[inline(always)]
+    fn take_write_end(&self) -> WriteEnd {
+        let kind = self.write_kind.get();
+        let end = WriteEnd {
+            kind,
+            wait: match &self.observed {
+                Some(observed) if kind & WRITE_WAITED != 0 => observed.write_wait.get(),
+                _ => 0,
+            },
+            hold_start: self.write_hold_start.get(),
+        };
+        // Stored only when it changes: a store here lands in the hold.
+        if kind != 0 {
+            self.write_kind.set(0);
+        }
+        end
+    }
+
+    /// After a write hold's release (or downgrade): counts an uncontended
+    /// `write`, pushes a waited one and a sampled hold. `counts` was read
+    /// before the release, so nothing here reads the lock's own line but
+    /// the probe of a push.
+    #[inline(always)]
+    fn report_write_end(&self, end: WriteEnd, counts: Option<&OpCounts<2>>) {
+        if end.kind == 0 {
+            self.count_write(counts);
+        } else {
+            self.report_recorded_write_end(end, counts);
+        }
+    }
+
+    /// Counts an uncontended `write`, after its release.
+    #[inline(always)]
+    fn count_write(&self, counts: Option<&OpCounts<2>>) {
+        if let Some(counts) = counts
+            && let Some(covered) = counts.add(1)
+        {
+            self.emit_count(op::WRITE, covered);
+        }
+    }
+
+    /// [`report_write_end`](Self::report_write_end) of a hold that was
+    /// waited for, reported at its acquisition, or sampled.
+    #[cold]
+    #[inline(never)]
+    fn report_recorded_write_end(&self, end: WriteEnd, counts: Option<&OpCounts<2>>) {
+        if end.kind & WRITE_WAITED != 0 {
+            self.probe.emit(op::WRITE, CONTENDED, end.wait);
+        } else if end.kind & WRITE_QUIET == 0 {
+            self.count_write(counts);
+        }
+        if end.kind & WRITE_SAMPLED != 0 {
+            self.probe.emit(op::WRITE_UNLOCK, 0, since(end.hold_start));
+        }
+    }
+
+    /// Ends the current write hold through `release` (an unlock or a
+    /// downgrade of `parking_lot`'s lock), then reports it.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the exclusive lock, and `release` lets it go.
+    #[inline(always)]
+    unsafe fn end_write_hold(&self, release: impl FnOnce(&parking_lot::RawRwLock)) {
+        let end = self.take_write_end();
+        let counts = self.observed.as_deref().map(|observed| &observed.counts);
+        release(&self.inner);
+        self.report_write_end(end, counts);
     }
 
     /// Blocks in `wait` and records the wait as a contended `op`.
@@ -352,7 +496,7 @@ impl RawRwLock {
     unsafe fn unlock_shared_checked(&self, fair: bool) {
         let start = self.take_read_sample();
         if start.is_some() {
-            self.read_samples.fetch_sub(1, Ordering::Relaxed);
+            READ_SAMPLES.with(|n| n.set(n.get() - 1));
         }
         let held = start.map(since);
         // SAFETY: the caller holds a shared lock.
@@ -366,33 +510,6 @@ impl RawRwLock {
         if let Some(held) = held {
             self.probe.emit(op::READ_UNLOCK, 0, held);
         }
-    }
-
-    /// The release of a sampled write hold: out of line, so that the
-    /// common release stays inline and short.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the exclusive lock.
-    #[cold]
-    #[inline(never)]
-    unsafe fn unlock_exclusive_sampled(&self) {
-        let held = self.end_write_sample();
-        // SAFETY: forwarded: the caller holds the exclusive lock.
-        unsafe { self.inner.unlock_exclusive() };
-        if let Some(held) = held {
-            self.probe.emit(op::WRITE_UNLOCK, 0, held);
-        }
-    }
-
-    /// Ends a sampled write hold (release or downgrade) and records it; the
-    /// caller then releases or downgrades. Returns the hold length.
-    fn end_write_sample(&self) -> Option<u64> {
-        let start = self.write_hold_start.get();
-        (start != 0).then(|| {
-            self.write_hold_start.set(0);
-            since(start)
-        })
     }
 }
 
@@ -420,7 +537,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     unsafe fn unlock_shared(&self) {
-        if self.read_samples.load(Ordering::Relaxed) == 0 {
+        if !read_samples_outstanding() {
             // SAFETY: forwarded: the caller holds a shared lock.
             unsafe { self.inner.unlock_shared() }
         } else {
@@ -445,13 +562,9 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     unsafe fn unlock_exclusive(&self) {
-        if self.write_hold_start.get() == 0 {
-            // SAFETY: forwarded: the caller holds the exclusive lock.
-            unsafe { self.inner.unlock_exclusive() }
-        } else {
-            // SAFETY: forwarded: the caller holds the exclusive lock.
-            unsafe { self.unlock_exclusive_sampled() }
-        }
+        // SAFETY: the caller holds the exclusive lock, which the closure
+        // releases.
+        unsafe { self.end_write_hold(|inner| inner.unlock_exclusive()) }
     }
 
     #[inline]
@@ -469,7 +582,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 unsafe impl lock_api::RawRwLockFair for RawRwLock {
     #[inline]
     unsafe fn unlock_shared_fair(&self) {
-        if self.read_samples.load(Ordering::Relaxed) == 0 {
+        if !read_samples_outstanding() {
             // SAFETY: forwarded: the caller holds a shared lock.
             unsafe { self.inner.unlock_shared_fair() }
         } else {
@@ -480,12 +593,9 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
 
     #[inline]
     unsafe fn unlock_exclusive_fair(&self) {
-        let held = self.end_write_sample();
-        // SAFETY: forwarded: the caller holds the exclusive lock.
-        unsafe { self.inner.unlock_exclusive_fair() };
-        if let Some(held) = held {
-            self.probe.emit(op::WRITE_UNLOCK, 0, held);
-        }
+        // SAFETY: the caller holds the exclusive lock, which the closure
+        // releases.
+        unsafe { self.end_write_hold(|inner| inner.unlock_exclusive_fair()) }
     }
 
     #[inline]
@@ -496,12 +606,17 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
 
     #[inline]
     unsafe fn bump_exclusive(&self) {
-        // A writer the lock goes to meanwhile records its own sampled hold
-        // in `write_hold_start`; this hold's sample must survive it.
-        let hold_start = self.write_hold_start.get();
+        // A writer the lock goes to meanwhile uses the holder's fields for
+        // its own hold, and expects them as an uncontended `write` leaves
+        // them; this hold's record must survive it.
+        let end = self.take_write_end();
         // SAFETY: forwarded: the caller holds the exclusive lock.
         unsafe { self.inner.bump_exclusive() }
-        self.write_hold_start.set(hold_start);
+        self.write_kind.set(end.kind);
+        if let Some(observed) = &self.observed {
+            observed.write_wait.set(end.wait);
+        }
+        self.write_hold_start.set(end.hold_start);
     }
 }
 
@@ -509,12 +624,9 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
 unsafe impl lock_api::RawRwLockDowngrade for RawRwLock {
     #[inline]
     unsafe fn downgrade(&self) {
-        let held = self.end_write_sample();
-        // SAFETY: forwarded: the caller holds the exclusive lock.
-        unsafe { self.inner.downgrade() };
-        if let Some(held) = held {
-            self.probe.emit(op::WRITE_UNLOCK, 0, held);
-        }
+        // SAFETY: the caller holds the exclusive lock, which the closure
+        // turns into a shared one.
+        unsafe { self.end_write_hold(|inner| inner.downgrade()) }
     }
 }
 
@@ -668,12 +780,9 @@ unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
 
     #[inline]
     unsafe fn downgrade_to_upgradable(&self) {
-        let held = self.end_write_sample();
-        // SAFETY: forwarded: the caller holds the exclusive lock.
-        unsafe { self.inner.downgrade_to_upgradable() };
-        if let Some(held) = held {
-            self.probe.emit(op::WRITE_UNLOCK, 0, held);
-        }
+        // SAFETY: the caller holds the exclusive lock, which the closure
+        // turns into an upgradable one.
+        unsafe { self.end_write_hold(|inner| inner.downgrade_to_upgradable()) }
     }
 }
 
@@ -1159,6 +1268,45 @@ mod tests {
             let waited = r.stats.op(k).unwrap().latency().unwrap().max();
             assert!(waited >= ms15, "op {k} waited {waited} ticks");
         }
+    }
+
+    /// Write holds ended by a downgrade or a fair unlock are counted once,
+    /// and a bump that hands the lock to a waiting writer keeps each hold's
+    /// record apart: the holder's sample and count survive the other
+    /// writer's waited, sampled hold.
+    #[test]
+    fn downgraded_fair_and_bumped_write_holds_are_reported_once() {
+        let name = unique("rwlock-bump");
+        let l = Arc::new(RwLock::named(&name, 0u32));
+        every_hold(&l);
+        drop(RwLockWriteGuard::downgrade(l.write()));
+        RwLockWriteGuard::unlock_fair(l.write());
+        let mut held = l.write();
+        let ready = Arc::new(StdBarrier::new(2));
+        let waiter = {
+            let (l, ready) = (Arc::clone(&l), Arc::clone(&ready));
+            std::thread::spawn(move || {
+                ready.wait();
+                *l.write() += 1;
+            })
+        };
+        ready.wait();
+        // Let the waiter park, then hand it the lock and take it back.
+        std::thread::sleep(Duration::from_millis(20));
+        RwLockWriteGuard::bump(&mut held);
+        assert_eq!(*held, 1, "the waiter wrote during the bump");
+        drop(held);
+        waiter.join().unwrap();
+        // The third uncontended write is counted when the lock goes.
+        drop(Arc::into_inner(l).unwrap());
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::WRITE).0 >= 4 && op(r, op::WRITE_UNLOCK).0 >= 4
+        });
+        // Three uncontended writes (counted), one that waited (pushed).
+        assert_eq!(op(&r, op::WRITE), (4, 1, 0, 1));
+        assert_eq!(op(&r, op::WRITE_UNLOCK), (4, 0, 0, 4));
+        // The downgrade's shared hold is not a `read`.
+        assert_eq!(op(&r, op::READ).0, 0);
     }
 
     #[test]
