@@ -28,6 +28,12 @@
 pub mod clock;
 pub mod hooks;
 pub mod observation;
+/// Under loom only the primitives' counting protocol is compiled, for its
+/// model (`op_counts::loom_tests`).
+#[cfg(loom)]
+#[path = "primitives/op_counts.rs"]
+#[allow(dead_code)]
+mod op_counts;
 #[cfg(not(loom))]
 pub mod primitives;
 pub mod ring;
