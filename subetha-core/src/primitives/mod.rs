@@ -28,14 +28,14 @@
 //!   take a timestamp, wait, and record the wait with
 //!   [`Observation::FLAG_CONTENDED`]. A failed `try_*` records
 //!   [`Observation::FLAG_MISS`].
-//! * **Uncontended `lock`s of a [`Mutex`] / [`AdaptiveMutex`], and
-//!   [`Channel`] operations that succeed at once, are counted, not pushed
-//!   one by one**: an observation with [`Observation::FLAG_COUNT`] stands
-//!   for the 1st, 2nd, 4th, … 64th, then every 64 (see [`mutex`] and
-//!   [`op_counts`]); the rest come when the mutex or channel is dropped.
-//!   Everything else (waits, misses, the mutex's `try_lock`s, sampled
-//!   holds, and the other primitives' operations) is one observation per
-//!   operation.
+//! * **Uncontended `lock`s of a [`Mutex`] / [`AdaptiveMutex`], uncontended
+//!   `read`s and `write`s of a [`RwLock`], and [`Channel`] operations that
+//!   succeed at once, are counted, not pushed one by one**: an observation
+//!   with [`Observation::FLAG_COUNT`] stands for the 1st, 2nd, 4th, … 64th,
+//!   then every 64 (see [`mutex`] and [`op_counts`]); the rest come when
+//!   the primitive is dropped. Everything else (waits, misses, `try_*`s of
+//!   the locks, sampled holds, and the other primitives' operations) is one
+//!   observation per operation.
 //! * **Hold times are sampled**: 1 in 2^k acquisitions (k from the policy
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 64) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
@@ -70,9 +70,9 @@
 //! | [`Mutex`] (1) | 1 | `lock` | C: had to wait; N: a count of uncontended `lock`s | wait (0 if not contended); with N, how many |
 //! | | 2 | `try_lock` | M: failed; timed variants: C waited, M timed out | wait of timed variants |
 //! | | 3 | `unlock` | — | sampled hold time |
-//! | [`RwLock`] (2) | 1 | `read` | C: had to wait (also recursive / upgradable reads) | wait |
+//! | [`RwLock`] (2) | 1 | `read` | C: had to wait (also recursive / upgradable reads); N: a count of uncontended `read`s | wait; with N, how many |
 //! | | 2 | `try_read` | M: failed; timed: C, M as above | wait of timed variants |
-//! | | 3 | `write` | C: had to wait | wait |
+//! | | 3 | `write` | C: had to wait; N: a count of uncontended `write`s | wait; with N, how many |
 //! | | 4 | `try_write` | M: failed; timed: C, M | wait of timed variants |
 //! | | 5 | `read_unlock` | — | sampled read hold time |
 //! | | 6 | `write_unlock` | — | sampled write hold time (also ended by `downgrade`) |
