@@ -19,22 +19,34 @@
 //! million observations a second took its CPU time from the lock's threads
 //! on a 2-CPU host.)
 //!
-//! Sampling uses a per-thread operation counter (readers share the lock, so
-//! there is no owner-only counter as in [`Mutex`](super::Mutex)). A sampled
-//! read hold is remembered in a small per-thread table keyed by the lock's
-//! address (up to four outstanding at once; more are simply not sampled),
-//! beside a count of its occupied slots, so an unsampled read unlock looks
-//! at nothing but that thread-local count. Read guards are not `Send` (as
-//! in `parking_lot`), so a read hold ends on the thread that began it. (A
-//! read guard leaked with `mem::forget` leaves its slot behind; a later
-//! lock at the same address would report one bogus hold from it.)
+//! Nothing is counted or pushed inside a `read`'s or `write`'s hold (a
+//! wait's end is read off the clock in it, as the acquisition returns): an
+//! uncontended one is counted after its release, one that waited, like a
+//! `try_read`, is pushed after it. (Upgradable reads, `try_write`s and
+//! upgrades are pushed as they acquire.) A write hold keeps its record in
+//! the lock (only its holder touches it), a read hold in a per-thread
+//! table of records keyed by the
+//! lock's address, beside a count of them, so the release of a read that
+//! needs no record looks at nothing but that thread-local count. (Read
+//! guards are not `Send`, as in `parking_lot`, so a read hold ends on the
+//! thread that began it. A read guard leaked with `mem::forget` leaves its
+//! record behind; a later lock at the same address would report it once.)
+//! A read's release counts on the lock the thread last took shared,
+//! remembered in a thread-local at the acquisition, not by reading the
+//! lock again once it is let go: that read would pull the lock's cache
+//! line back from the thread taking it next.
 //!
-//! Nothing is counted or pushed inside a `write`'s hold: an uncontended
-//! `write` is counted after its release, and a `write` that waited is
-//! pushed after it. (A read hold's count stays inside it: a release cannot
-//! tell a waited read from an uncontended one without a per-hold record.)
+//! Hold sampling uses a per-thread operation counter (readers share the
+//! lock, so there is no owner-only counter as in [`Mutex`](super::Mutex)),
+//! taken before the acquisition; for a sampling candidate (every 64th
+//! operation of the thread) the clock is read then too, so at the default
+//! level a sampled hold adds no clock read to itself. A sampled hold runs
+//! from that reading (or the end of its wait) to just after the release.
+//!
+//! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) reads no
+//! clock even when it waits.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::panic::Location;
 use std::time::{Duration, Instant};
@@ -83,20 +95,62 @@ pub mod op {
     pub const UPGRADE: u16 = 7;
 }
 
-/// Outstanding sampled read holds per thread.
-const READ_SLOTS: usize = 4;
+/// Operations whose number (see [`next_thread_op`]) has these bits clear
+/// are sampling candidates: at the default level (1 in 64) exactly the
+/// ones the hold sampler may pick, so their clock reading is taken before
+/// the acquisition and a sampled hold adds no clock read to itself.
+const SAMPLE_CANDIDATES: u32 = 63;
 
-thread_local! {
-    /// (lock address, start ticks) of sampled read holds; address 0 = free.
-    static READ_HOLDS: Cell<[(usize, u64); READ_SLOTS]> = const { Cell::new([(0, 0); READ_SLOTS]) };
-    /// Occupied slots of `READ_HOLDS`: what `unlock_shared` tests.
-    static READ_SAMPLES: Cell<u8> = const { Cell::new(0) };
+/// A shared hold whose release reports more than a count: one that
+/// waited, a `try_read`, a sampled hold, or the shared end of a downgrade.
+/// Pushing any of that while the lock is held would lengthen the hold, so
+/// the acquisition leaves this record on its thread and the release, once
+/// the lock is let go, reports it.
+#[derive(Clone, Copy, Debug)]
+struct ReadRecord {
+    /// The lock's address.
+    lock: usize,
+    /// The acquisition the release reports: 0 = none (it was reported
+    /// already, or the hold was not a `read`), [`op::READ`] with `flags`
+    /// 0 = an uncontended `read`, counted; anything else is pushed.
+    op: u16,
+    flags: u16,
+    latency: u64,
+    /// Ticks when a sampled hold began; 0 = not sampled.
+    hold_start: u64,
 }
 
-/// Whether the calling thread has a sampled read hold of any lock.
+thread_local! {
+    /// This thread's outstanding [`ReadRecord`]s, in no particular order.
+    /// Read guards are not `Send` (as in `parking_lot`), so a read hold
+    /// ends on the thread that began it.
+    static READ_RECORDS: RefCell<Vec<ReadRecord>> = const { RefCell::new(Vec::new()) };
+    /// `READ_RECORDS.len()`, in a thread-local without a destructor: the
+    /// one thing a read unlock looks at when its thread has no records.
+    static READ_RECORDS_HELD: Cell<u32> = const { Cell::new(0) };
+    /// The lock this thread last took shared, and its counts (null when
+    /// unobserved): what a read unlock counts on. Read from the lock
+    /// itself just after the release, the pointer would pull the lock's
+    /// line back from the thread taking the lock next (two threads
+    /// sharing a lock for 50 ns reads and writes lost a tenth of their
+    /// throughput to that).
+    static LAST_READ: Cell<(usize, *const OpCounts<2>)> = const { Cell::new((0, std::ptr::null())) };
+}
+
+/// Whether the calling thread has an outstanding [`ReadRecord`].
 #[inline(always)]
-fn read_samples_outstanding() -> bool {
-    READ_SAMPLES.try_with(Cell::get).unwrap_or(0) != 0
+fn read_records_held() -> bool {
+    READ_RECORDS_HELD.with(Cell::get) != 0
+}
+
+/// Decided before an acquisition's atomic operation: the thread's
+/// operation number, and for a sampling candidate the policy refresh due
+/// and a clock reading a sampled hold can start from.
+#[derive(Clone, Copy)]
+struct Ticket {
+    n: u32,
+    /// Ticks just before the acquisition; 0 = not read.
+    start: u64,
 }
 
 /// What only an observed lock needs, out of line: the counts of
@@ -242,12 +296,72 @@ impl RawRwLock {
         self as *const Self as usize
     }
 
-    /// An uncontended `read`: counted, and the count pushed when one is
-    /// due.
+    /// The lock's counts, read while it is held, for after its release.
     #[inline(always)]
-    fn count_read(&self) {
-        if let Some(observed) = &self.observed
-            && let Some(covered) = observed.counts.add(0)
+    fn counts(&self) -> Option<&OpCounts<2>> {
+        self.observed.as_deref().map(|observed| &observed.counts)
+    }
+
+    /// Takes a [`Ticket`] for the acquisition about to be tried.
+    #[inline(always)]
+    fn ticket(&self) -> Ticket {
+        let n = next_thread_op();
+        if n & SAMPLE_CANDIDATES == 0 {
+            self.candidate_ticket(n)
+        } else {
+            Ticket { n, start: 0 }
+        }
+    }
+
+    /// [`ticket`](Self::ticket) of a sampling candidate: refreshes the
+    /// policy when due and reads the clock, before the lock is taken.
+    #[cold]
+    #[inline(never)]
+    fn candidate_ticket(&self, n: u32) -> Ticket {
+        if self.observed.is_none() {
+            return Ticket { n, start: 0 };
+        }
+        if Sampler::wants_refresh(n) {
+            self.refresh_policy();
+        }
+        Ticket {
+            n,
+            start: clock::ticks(),
+        }
+    }
+
+    /// Whether the hold `ticket` began is sampled: a test of the cached
+    /// policy, and out of line the draw.
+    #[inline(always)]
+    fn sampled(&self, ticket: Ticket, now: u64) -> u64 {
+        if ticket.n & self.sampler.check_mask() == 0 {
+            self.sampled_start(ticket, now)
+        } else {
+            0
+        }
+    }
+
+    /// The start of a sampled hold (`now`, or the ticket's reading, or the
+    /// clock now), 0 when the hold is not sampled.
+    #[cold]
+    #[inline(never)]
+    fn sampled_start(&self, ticket: Ticket, now: u64) -> u64 {
+        if self.observed.is_none() || !self.sampler.wants_sample(ticket.n) {
+            return 0;
+        }
+        let start = match (now, ticket.start) {
+            (0, 0) => clock::ticks(),
+            (0, start) => start,
+            (now, _) => now,
+        };
+        start.max(1)
+    }
+
+    /// Counts an uncontended `read`, after its release.
+    #[inline(always)]
+    fn count_read(&self, counts: Option<&OpCounts<2>>) {
+        if let Some(counts) = counts
+            && let Some(covered) = counts.add(0)
         {
             self.emit_count(op::READ, covered);
         }
@@ -260,54 +374,160 @@ impl RawRwLock {
         self.probe.emit(op, COUNT, covered);
     }
 
-    /// Reports a shared acquisition (`op` with `flags` and `latency`,
-    /// counted instead when it is an uncontended `read`) and does the
-    /// sampling bookkeeping.
+    /// A shared hold has begun: leaves what its release reports (`op`
+    /// with `flags` and `latency`, see [`ReadRecord`]) on this thread,
+    /// unless that is an unsampled, uncontended `read` (its release
+    /// counts it). `now` is a clock reading at the acquisition, 0 if none.
     #[inline(always)]
-    fn acquired_shared(&self, op: u16, flags: u16, latency: u64, now: u64) {
-        if op == op::READ && flags == 0 {
-            self.count_read();
-        } else {
-            self.probe.emit(op, flags, latency);
-        }
-        let n = next_thread_op();
-        if n & self.sampler.check_mask() == 0 {
-            self.bookkeeping_shared(n, now);
+    fn acquired_shared(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
+        self.remember_shared_hold();
+        let hold_start = self.sampled(ticket, now);
+        if op != op::READ || flags != 0 || hold_start != 0 {
+            self.record_read(ReadRecord {
+                lock: self.addr(),
+                op,
+                flags,
+                latency,
+                hold_start,
+            });
         }
     }
 
+    /// Leaves this lock in `LAST_READ` for the release of the shared hold
+    /// just taken.
+    #[inline(always)]
+    fn remember_shared_hold(&self) {
+        let counts = self.counts().map_or(std::ptr::null(), std::ptr::from_ref);
+        LAST_READ.with(|last| last.set((self.addr(), counts)));
+    }
+
+    /// Leaves `record` for this thread's release of the hold.
     #[cold]
     #[inline(never)]
-    fn bookkeeping_shared(&self, n: u32, now: u64) {
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if !self.sampler.wants_sample(n) {
+    fn record_read(&self, record: ReadRecord) {
+        if self.observed.is_none() {
             return;
         }
-        let _ = READ_HOLDS.try_with(|holds| {
-            let mut table = holds.get();
-            if let Some(slot) = table.iter_mut().find(|(addr, _)| *addr == 0) {
-                *slot = (self.addr(), if now != 0 { now } else { clock::ticks() }.max(1));
-                holds.set(table);
-                READ_SAMPLES.with(|n| n.set(n.get() + 1));
+        let kept = READ_RECORDS
+            .try_with(|records| records.borrow_mut().push(record))
+            .is_ok();
+        if kept {
+            READ_RECORDS_HELD.with(|held| held.set(held.get() + 1));
+        } else {
+            // This thread's table is gone (a thread-local's destructor is
+            // taking the lock): the acquisition is pushed now, the sample
+            // is not taken, and the release counts a `read` (one too many
+            // for a downgrade's shared hold).
+            if record.op != 0 && (record.op, record.flags) != (op::READ, 0) {
+                self.probe.emit(record.op, record.flags, record.latency);
             }
-        });
+        }
+    }
+
+    /// Takes this thread's record of a shared hold of this lock, if any.
+    /// (A thread holding this lock shared twice may get the other hold's
+    /// record; each is still reported once.)
+    fn take_read_record(&self) -> Option<ReadRecord> {
+        let record = READ_RECORDS
+            .try_with(|records| {
+                let mut records = records.borrow_mut();
+                let at = records.iter().rposition(|r| r.lock == self.addr())?;
+                Some(records.swap_remove(at))
+            })
+            .ok()
+            .flatten();
+        if record.is_some() {
+            READ_RECORDS_HELD.with(|held| held.set(held.get() - 1));
+        }
+        record
+    }
+
+    /// Ends a shared hold (`fair`: through `unlock_shared_fair`), then
+    /// reports it: a count for an uncontended `read`, its record for any
+    /// other.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a shared lock.
+    #[inline(always)]
+    unsafe fn end_read_hold(&self, fair: bool) {
+        if !read_records_held() {
+            let (last, last_counts) = LAST_READ.with(Cell::get);
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.release_shared(fair) };
+            if last == self.addr() {
+                // SAFETY: this thread holds this lock shared (so the lock
+                // is alive), and it took that hold itself (read guards
+                // are not `Send`): every shared acquisition leaves
+                // `LAST_READ` with the acquiring lock's address and
+                // counts, so a `LAST_READ` naming this address was left
+                // by this lock, whose counts live as long as it does.
+                self.count_read(unsafe { last_counts.as_ref() });
+            } else {
+                self.count_read(self.counts());
+            }
+        } else {
+            // SAFETY: forwarded: the caller holds a shared lock.
+            unsafe { self.end_recorded_read_hold(fair) };
+        }
+    }
+
+    /// # Safety
+    ///
+    /// The caller holds a shared lock.
+    #[inline(always)]
+    unsafe fn release_shared(&self, fair: bool) {
+        // SAFETY: the caller holds a shared lock.
+        unsafe {
+            if fair {
+                self.inner.unlock_shared_fair();
+            } else {
+                self.inner.unlock_shared();
+            }
+        }
+    }
+
+    /// [`end_read_hold`](Self::end_read_hold) while this thread has
+    /// records, perhaps of this hold.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a shared lock.
+    #[cold]
+    #[inline(never)]
+    unsafe fn end_recorded_read_hold(&self, fair: bool) {
+        let record = self.take_read_record();
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { self.release_shared(fair) };
+        let counts = self.counts();
+        let Some(record) = record else {
+            self.count_read(counts);
+            return;
+        };
+        match (record.op, record.flags) {
+            (0, _) => {}
+            (op::READ, 0) => self.count_read(counts),
+            (op, flags) => self.probe.emit(op, flags, record.latency),
+        }
+        if record.hold_start != 0 {
+            self.probe.emit(op::READ_UNLOCK, 0, since(record.hold_start));
+        }
     }
 
     /// After an exclusive acquisition: leaves what its release reports in
     /// `write_kind` (an uncontended `write` leaves 0, and its release
     /// counts it; a `write` that waited is pushed by its release; any other
-    /// acquisition is pushed now) and does the sampling bookkeeping.
-    /// Nothing is counted or pushed inside an uncontended `write`'s hold.
+    /// acquisition is pushed now) and whether the hold is sampled. `now`
+    /// is a clock reading at the acquisition, 0 if none. Nothing is
+    /// counted or pushed inside an uncontended `write`'s hold.
     #[inline(always)]
-    fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, now: u64) {
+    fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
         if op != op::WRITE || flags != 0 {
             self.acquired_exclusive_recorded(op, flags, latency);
         }
-        let n = next_thread_op();
-        if n & self.sampler.check_mask() == 0 {
-            self.bookkeeping_exclusive(n, now);
+        let hold_start = self.sampled(ticket, now);
+        if hold_start != 0 {
+            self.sample_write_hold(hold_start);
         }
     }
 
@@ -330,15 +550,9 @@ impl RawRwLock {
 
     #[cold]
     #[inline(never)]
-    fn bookkeeping_exclusive(&self, n: u32, now: u64) {
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if self.sampler.wants_sample(n) {
-            self.write_hold_start
-                .set(if now != 0 { now } else { clock::ticks() });
-            self.write_kind.set(self.write_kind.get() | WRITE_SAMPLED);
-        }
+    fn sample_write_hold(&self, hold_start: u64) {
+        self.write_hold_start.set(hold_start);
+        self.write_kind.set(self.write_kind.get() | WRITE_SAMPLED);
     }
 
     /// Takes what the current write hold's release reports and leaves the
@@ -409,15 +623,33 @@ impl RawRwLock {
     #[inline(always)]
     unsafe fn end_write_hold(&self, release: impl FnOnce(&parking_lot::RawRwLock)) {
         let end = self.take_write_end();
-        let counts = self.observed.as_deref().map(|observed| &observed.counts);
+        let counts = self.counts();
         release(&self.inner);
         self.report_write_end(end, counts);
     }
 
-    /// Blocks in `wait` and records the wait as a contended `op`.
+    /// The shared hold a downgrade leaves is not a `read`: its release
+    /// must not count one.
+    fn downgraded_to_shared(&self) {
+        self.remember_shared_hold();
+        self.record_read(ReadRecord {
+            lock: self.addr(),
+            op: 0,
+            flags: 0,
+            latency: 0,
+            hold_start: 0,
+        });
+    }
+
+    /// Blocks in `wait` and records the wait as a contended `op`. An
+    /// unobserved lock just waits: no clock, no record.
     #[cold]
     #[inline(never)]
-    fn wait_for(&self, op: u16, exclusive: bool, wait: impl FnOnce(&parking_lot::RawRwLock)) {
+    fn wait_for(&self, op: u16, exclusive: bool, ticket: Ticket, wait: impl FnOnce(&parking_lot::RawRwLock)) {
+        if self.observed.is_none() {
+            wait(&self.inner);
+            return;
+        }
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -426,16 +658,25 @@ impl RawRwLock {
         let now = clock::ticks();
         let waited = now.saturating_sub(start).max(1);
         if exclusive {
-            self.acquired_exclusive(op, CONTENDED, waited, now);
+            self.acquired_exclusive(op, CONTENDED, waited, ticket, now);
         } else {
-            self.acquired_shared(op, CONTENDED, waited, now);
+            self.acquired_shared(op, CONTENDED, waited, ticket, now);
         }
     }
 
     /// A timed acquisition's slow path: C + wait, M when it timed out.
     #[cold]
     #[inline(never)]
-    fn timed(&self, op: u16, exclusive: bool, wait: impl FnOnce(&parking_lot::RawRwLock) -> bool) -> bool {
+    fn timed(
+        &self,
+        op: u16,
+        exclusive: bool,
+        ticket: Ticket,
+        wait: impl FnOnce(&parking_lot::RawRwLock) -> bool,
+    ) -> bool {
+        if self.observed.is_none() {
+            return wait(&self.inner);
+        }
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -444,17 +685,17 @@ impl RawRwLock {
         let now = clock::ticks();
         let waited = now.saturating_sub(start).max(1);
         match (acquired, exclusive) {
-            (true, true) => self.acquired_exclusive(op, CONTENDED, waited, now),
-            (true, false) => self.acquired_shared(op, CONTENDED, waited, now),
+            (true, true) => self.acquired_exclusive(op, CONTENDED, waited, ticket, now),
+            (true, false) => self.acquired_shared(op, CONTENDED, waited, ticket, now),
             (false, _) => self.probe.emit(op, CONTENDED | MISS, waited),
         }
         acquired
     }
 
     #[inline(always)]
-    fn try_shared(&self, op: u16, acquired: bool) -> bool {
+    fn try_shared(&self, op: u16, ticket: Ticket, acquired: bool) -> bool {
         if acquired {
-            self.acquired_shared(op, 0, 0, 0);
+            self.acquired_shared(op, 0, 0, ticket, 0);
         } else {
             self.probe.emit(op, MISS, 0);
         }
@@ -462,54 +703,13 @@ impl RawRwLock {
     }
 
     #[inline(always)]
-    fn try_exclusive(&self, op: u16, acquired: bool) -> bool {
+    fn try_exclusive(&self, op: u16, ticket: Ticket, acquired: bool) -> bool {
         if acquired {
-            self.acquired_exclusive(op, 0, 0, 0);
+            self.acquired_exclusive(op, 0, 0, ticket, 0);
         } else {
             self.probe.emit(op, MISS, 0);
         }
         acquired
-    }
-
-    /// Takes this thread's sampled read hold of this lock, if any.
-    fn take_read_sample(&self) -> Option<u64> {
-        READ_HOLDS
-            .try_with(|holds| {
-                let mut table = holds.get();
-                let slot = table.iter_mut().find(|(addr, _)| *addr == self.addr())?;
-                let start = slot.1;
-                *slot = (0, 0);
-                holds.set(table);
-                Some(start)
-            })
-            .ok()
-            .flatten()
-    }
-
-    /// A read unlock while some read hold of this lock is sampled.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds a shared lock.
-    #[cold]
-    #[inline(never)]
-    unsafe fn unlock_shared_checked(&self, fair: bool) {
-        let start = self.take_read_sample();
-        if start.is_some() {
-            READ_SAMPLES.with(|n| n.set(n.get() - 1));
-        }
-        let held = start.map(since);
-        // SAFETY: the caller holds a shared lock.
-        unsafe {
-            if fair {
-                self.inner.unlock_shared_fair();
-            } else {
-                self.inner.unlock_shared();
-            }
-        }
-        if let Some(held) = held {
-            self.probe.emit(op::READ_UNLOCK, 0, held);
-        }
     }
 }
 
@@ -523,41 +723,40 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     fn lock_shared(&self) {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared() {
-            self.acquired_shared(op::READ, 0, 0, 0);
+            self.acquired_shared(op::READ, 0, 0, ticket, 0);
         } else {
-            self.wait_for(op::READ, false, |inner| inner.lock_shared());
+            self.wait_for(op::READ, false, ticket, |inner| inner.lock_shared());
         }
     }
 
     #[inline]
     fn try_lock_shared(&self) -> bool {
-        self.try_shared(op::TRY_READ, self.inner.try_lock_shared())
+        let ticket = self.ticket();
+        self.try_shared(op::TRY_READ, ticket, self.inner.try_lock_shared())
     }
 
     #[inline(always)]
     unsafe fn unlock_shared(&self) {
-        if !read_samples_outstanding() {
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.inner.unlock_shared() }
-        } else {
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.unlock_shared_checked(false) }
-        }
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { self.end_read_hold(false) }
     }
 
     #[inline(always)]
     fn lock_exclusive(&self) {
+        let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
-            self.acquired_exclusive(op::WRITE, 0, 0, 0);
+            self.acquired_exclusive(op::WRITE, 0, 0, ticket, 0);
         } else {
-            self.wait_for(op::WRITE, true, |inner| inner.lock_exclusive());
+            self.wait_for(op::WRITE, true, ticket, |inner| inner.lock_exclusive());
         }
     }
 
     #[inline]
     fn try_lock_exclusive(&self) -> bool {
-        self.try_exclusive(op::TRY_WRITE, self.inner.try_lock_exclusive())
+        let ticket = self.ticket();
+        self.try_exclusive(op::TRY_WRITE, ticket, self.inner.try_lock_exclusive())
     }
 
     #[inline(always)]
@@ -582,13 +781,8 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 unsafe impl lock_api::RawRwLockFair for RawRwLock {
     #[inline]
     unsafe fn unlock_shared_fair(&self) {
-        if !read_samples_outstanding() {
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.inner.unlock_shared_fair() }
-        } else {
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.unlock_shared_checked(true) }
-        }
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { self.end_read_hold(true) }
     }
 
     #[inline]
@@ -598,6 +792,7 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
         unsafe { self.end_write_hold(|inner| inner.unlock_exclusive_fair()) }
     }
 
+    /// The hold's record (on this thread) stays with it.
     #[inline]
     unsafe fn bump_shared(&self) {
         // SAFETY: forwarded: the caller holds a shared lock.
@@ -627,6 +822,7 @@ unsafe impl lock_api::RawRwLockDowngrade for RawRwLock {
         // SAFETY: the caller holds the exclusive lock, which the closure
         // turns into a shared one.
         unsafe { self.end_write_hold(|inner| inner.downgrade()) }
+        self.downgraded_to_shared();
     }
 }
 
@@ -637,34 +833,44 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 
     #[inline]
     fn try_lock_shared_for(&self, timeout: Duration) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared() {
-            return self.try_shared(op::TRY_READ, true);
+            return self.try_shared(op::TRY_READ, ticket, true);
         }
-        self.timed(op::TRY_READ, false, |inner| inner.try_lock_shared_for(timeout))
+        self.timed(op::TRY_READ, false, ticket, |inner| {
+            inner.try_lock_shared_for(timeout)
+        })
     }
 
     #[inline]
     fn try_lock_shared_until(&self, timeout: Instant) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared() {
-            return self.try_shared(op::TRY_READ, true);
+            return self.try_shared(op::TRY_READ, ticket, true);
         }
-        self.timed(op::TRY_READ, false, |inner| inner.try_lock_shared_until(timeout))
+        self.timed(op::TRY_READ, false, ticket, |inner| {
+            inner.try_lock_shared_until(timeout)
+        })
     }
 
     #[inline]
     fn try_lock_exclusive_for(&self, timeout: Duration) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
-            return self.try_exclusive(op::TRY_WRITE, true);
+            return self.try_exclusive(op::TRY_WRITE, ticket, true);
         }
-        self.timed(op::TRY_WRITE, true, |inner| inner.try_lock_exclusive_for(timeout))
+        self.timed(op::TRY_WRITE, true, ticket, |inner| {
+            inner.try_lock_exclusive_for(timeout)
+        })
     }
 
     #[inline]
     fn try_lock_exclusive_until(&self, timeout: Instant) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
-            return self.try_exclusive(op::TRY_WRITE, true);
+            return self.try_exclusive(op::TRY_WRITE, ticket, true);
         }
-        self.timed(op::TRY_WRITE, true, |inner| {
+        self.timed(op::TRY_WRITE, true, ticket, |inner| {
             inner.try_lock_exclusive_until(timeout)
         })
     }
@@ -674,16 +880,18 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     #[inline]
     fn lock_shared_recursive(&self) {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared_recursive() {
-            self.acquired_shared(op::READ, 0, 0, 0);
+            self.acquired_shared(op::READ, 0, 0, ticket, 0);
         } else {
-            self.wait_for(op::READ, false, |inner| inner.lock_shared_recursive());
+            self.wait_for(op::READ, false, ticket, |inner| inner.lock_shared_recursive());
         }
     }
 
     #[inline]
     fn try_lock_shared_recursive(&self) -> bool {
-        self.try_shared(op::TRY_READ, self.inner.try_lock_shared_recursive())
+        let ticket = self.ticket();
+        self.try_shared(op::TRY_READ, ticket, self.inner.try_lock_shared_recursive())
     }
 }
 
@@ -691,20 +899,22 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
 unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
     fn try_lock_shared_recursive_for(&self, timeout: Duration) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared_recursive() {
-            return self.try_shared(op::TRY_READ, true);
+            return self.try_shared(op::TRY_READ, ticket, true);
         }
-        self.timed(op::TRY_READ, false, |inner| {
+        self.timed(op::TRY_READ, false, ticket, |inner| {
             inner.try_lock_shared_recursive_for(timeout)
         })
     }
 
     #[inline]
     fn try_lock_shared_recursive_until(&self, timeout: Instant) -> bool {
+        let ticket = self.ticket();
         if self.inner.try_lock_shared_recursive() {
-            return self.try_shared(op::TRY_READ, true);
+            return self.try_shared(op::TRY_READ, ticket, true);
         }
-        self.timed(op::TRY_READ, false, |inner| {
+        self.timed(op::TRY_READ, false, ticket, |inner| {
             inner.try_lock_shared_recursive_until(timeout)
         })
     }
@@ -712,6 +922,8 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
 
 // SAFETY: forwards to `parking_lot::RawRwLock`.
 unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
+    /// Pushed at once, in the hold: an upgradable hold is rarer than a
+    /// read, and its release is not a read unlock.
     #[inline]
     fn lock_upgradable(&self) {
         if self.inner.try_lock_upgradable() {
@@ -738,20 +950,22 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
 
     #[inline]
     unsafe fn upgrade(&self) {
+        let ticket = self.ticket();
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
-            self.acquired_exclusive(op::UPGRADE, 0, 0, 0);
+            self.acquired_exclusive(op::UPGRADE, 0, 0, ticket, 0);
         } else {
             // SAFETY: forwarded: the caller holds an upgradable lock.
-            self.wait_for(op::UPGRADE, true, |inner| unsafe { inner.upgrade() });
+            self.wait_for(op::UPGRADE, true, ticket, |inner| unsafe { inner.upgrade() });
         }
     }
 
     #[inline]
     unsafe fn try_upgrade(&self) -> bool {
+        let ticket = self.ticket();
         // SAFETY: forwarded: the caller holds an upgradable lock.
         let upgraded = unsafe { self.inner.try_upgrade() };
-        self.try_exclusive(op::UPGRADE, upgraded)
+        self.try_exclusive(op::UPGRADE, ticket, upgraded)
     }
 }
 
@@ -776,6 +990,7 @@ unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
     unsafe fn downgrade_upgradable(&self) {
         // SAFETY: forwarded: the caller holds an upgradable lock.
         unsafe { self.inner.downgrade_upgradable() }
+        self.downgraded_to_shared();
     }
 
     #[inline]
@@ -816,24 +1031,26 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
 
     #[inline]
     unsafe fn try_upgrade_for(&self, timeout: Duration) -> bool {
+        let ticket = self.ticket();
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
-            return self.try_exclusive(op::UPGRADE, true);
+            return self.try_exclusive(op::UPGRADE, ticket, true);
         }
         // SAFETY: forwarded: the caller holds an upgradable lock.
-        self.timed(op::UPGRADE, true, |inner| unsafe {
+        self.timed(op::UPGRADE, true, ticket, |inner| unsafe {
             inner.try_upgrade_for(timeout)
         })
     }
 
     #[inline]
     unsafe fn try_upgrade_until(&self, timeout: Instant) -> bool {
+        let ticket = self.ticket();
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
-            return self.try_exclusive(op::UPGRADE, true);
+            return self.try_exclusive(op::UPGRADE, ticket, true);
         }
         // SAFETY: forwarded: the caller holds an upgradable lock.
-        self.timed(op::UPGRADE, true, |inner| unsafe {
+        self.timed(op::UPGRADE, true, ticket, |inner| unsafe {
             inner.try_upgrade_until(timeout)
         })
     }
@@ -1336,6 +1553,69 @@ mod tests {
         assert_eq!(op(&r, op::WRITE_UNLOCK).0, 2);
         // The recursive read and the plain read were sampled.
         assert_eq!(op(&r, op::READ_UNLOCK).0, 2);
+    }
+
+    /// Every shared hold that needs a record gets one, however many a
+    /// thread has outstanding, and each release reports its own: ten
+    /// `try_read`s held at once, sampled, and two locks read in turn and
+    /// released out of order, each counted on its own lock.
+    #[test]
+    fn outstanding_read_holds_are_each_reported_at_their_release() {
+        let name = unique("rwlock-records");
+        let other_name = unique("rwlock-records-other");
+        let l = RwLock::named(&name, 0u32);
+        let other = RwLock::named(&other_name, 0u32);
+        every_hold(&l);
+        let held: Vec<_> = (0..10).map(|_| l.try_read().expect("only readers")).collect();
+        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 10);
+        drop(held);
+        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
+        for _ in 0..5 {
+            let a = l.read();
+            let b = other.read();
+            drop(a);
+            drop(b);
+        }
+        // An upgradable hold downgraded to a shared one is one `read`.
+        drop(RwLockUpgradableReadGuard::downgrade(l.upgradable_read()));
+        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
+        drop(l);
+        drop(other);
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 6
+        });
+        assert_eq!(op(&r, op::TRY_READ), (10, 0, 0, 0));
+        assert_eq!(op(&r, op::READ), (6, 0, 0, 0));
+        // Ten `try_read` holds and five `read` holds, all sampled; the
+        // downgraded hold is not a read hold of its own.
+        assert_eq!(op(&r, op::READ_UNLOCK), (15, 0, 0, 15));
+        let o = wait_for(&other_name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 5
+        });
+        assert_eq!(op(&o, op::READ), (5, 0, 0, 0));
+    }
+
+    /// An unobserved lock waits like `parking_lot`'s, and leaves no
+    /// record behind.
+    #[test]
+    fn an_unobserved_lock_records_nothing_even_when_it_waits() {
+        let l = Arc::new(RwLock::unobserved(0u32));
+        let ready = Arc::new(StdBarrier::new(2));
+        let write = l.write();
+        let reader = {
+            let (l, ready) = (Arc::clone(&l), Arc::clone(&ready));
+            std::thread::spawn(move || {
+                ready.wait();
+                let value = *l.read();
+                (value, READ_RECORDS_HELD.with(Cell::get))
+            })
+        };
+        ready.wait();
+        std::thread::sleep(Duration::from_millis(10));
+        drop(write);
+        assert_eq!(reader.join().unwrap(), (0, 0));
+        let _read = l.try_read().unwrap();
+        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
     }
 
     #[test]
