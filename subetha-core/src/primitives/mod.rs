@@ -118,6 +118,7 @@ pub mod adaptive;
 pub mod barrier;
 pub mod channel;
 pub mod condvar;
+pub(crate) mod held;
 pub mod mutex;
 pub mod op_counts;
 pub mod rwlock;

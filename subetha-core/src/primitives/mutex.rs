@@ -232,6 +232,9 @@ enum Spin {
     /// `parking_lot`'s: a few exponential rounds, only while nobody is
     /// parked.
     ParkingLot,
+    /// The same for a wait nobody measures (an unobserved mutex's): no
+    /// clock readings.
+    Untimed,
     /// Poll until this tick (the adaptive budget), parked threads or not.
     Until(u64),
 }
@@ -417,6 +420,14 @@ impl RawMutex {
         }
     }
 
+    /// Whether nothing of this mutex is measured: no instance, and no
+    /// adaptive policy to feed. Its waits read no clock, and nothing is
+    /// stored in its holds but the lock word.
+    #[inline]
+    fn unmeasured(&self) -> bool {
+        self.probe.id().is_none() && !self.adaptive
+    }
+
     /// A raw mutex registered as an instance of `kind`.
     pub(crate) fn register(
         kind: InstanceKind,
@@ -597,6 +608,9 @@ impl RawMutex {
     /// at acquisition, or 0.
     #[inline(always)]
     fn acquired(&self, how: Acquired, now: u64) {
+        if self.unmeasured() {
+            return;
+        }
         match how {
             Acquired::TryLock => {
                 self.pending.set(PENDING_TRY_LOCK);
@@ -669,6 +683,17 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     fn lock_drawing_a_sample(&self, weight: u32) {
+        if self.unmeasured() {
+            // Nothing to sample. (Its own counts schedule no draws, so this
+            // is the thread's first, or one an observed mutex left.)
+            HOLD_DRAW.with(|draw| draw.set(0));
+            if self.lock_fast() {
+                self.acquired_plain();
+            } else {
+                self.lock_contended(false);
+            }
+            return;
+        }
         let mask = self.sampler.mask();
         // Probability weight / level (certain once the weight covers it).
         let sampled = mask != Sampler::OFF && next_hold_random() & mask < weight;
@@ -704,6 +729,10 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self, sampled: bool) {
+        if self.unmeasured() {
+            self.lock_slow(0, Spin::Untimed, None);
+            return;
+        }
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -726,6 +755,9 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     fn try_lock_timed(&self, deadline: Option<Instant>) -> bool {
+        if self.unmeasured() {
+            return self.lock_slow(0, Spin::Untimed, deadline).acquired;
+        }
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -771,6 +803,8 @@ impl RawMutex {
     /// section. A compare-and-swap that loses a race keeps the reading of
     /// the load before it, so a wait can read short by that one attempt.
     fn lock_slow(&self, start: u64, spin: Spin, deadline: Option<Instant>) -> Slow {
+        let timed = !matches!(spin, Spin::Untimed);
+        let tick = || if timed { clock::ticks() } else { 0 };
         let mut spinwait = SpinWait::new();
         let mut parked_at = 0;
         let mut at = start;
@@ -796,9 +830,9 @@ impl RawMutex {
                 continue;
             }
             let spin_more = match spin {
-                Spin::ParkingLot => {
+                Spin::ParkingLot | Spin::Untimed => {
                     state & PARKED_BIT == 0 && spinwait.spin() && {
-                        at = clock::ticks();
+                        at = tick();
                         true
                     }
                 }
@@ -852,7 +886,7 @@ impl RawMutex {
                     return Slow {
                         acquired: true,
                         parked_at,
-                        at: clock::ticks(),
+                        at: tick(),
                     };
                 }
                 ParkResult::Unparked(_) | ParkResult::Invalid => {}
@@ -860,12 +894,12 @@ impl RawMutex {
                     return Slow {
                         acquired: false,
                         parked_at,
-                        at: clock::ticks(),
+                        at: tick(),
                     };
                 }
             }
             spinwait.reset();
-            at = clock::ticks();
+            at = tick();
             state = self.state.load(Ordering::Relaxed);
         }
     }
@@ -931,7 +965,7 @@ impl RawMutex {
         if let Some(covers) = count.due() {
             self.probe.emit(op::LOCK, COUNT, u64::from(covers));
         }
-        if count.ends_a_batch() {
+        if count.ends_a_batch() && !self.unmeasured() {
             HOLD_DRAW.with(|draw| {
                 if draw.get() == 0 {
                     draw.set(HOLD_SAMPLE_EVERY);

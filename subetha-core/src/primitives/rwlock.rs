@@ -46,7 +46,7 @@
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) reads no
 //! clock even when it waits.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::fmt;
 use std::panic::Location;
 use std::time::{Duration, Instant};
@@ -57,6 +57,7 @@ use lock_api::{
 
 use crossbeam_utils::CachePadded;
 
+use super::held::{HoldRecord, Records as _, hold_records};
 use super::op_counts::OpCounts;
 use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
 use crate::clock;
@@ -120,27 +121,23 @@ struct ReadRecord {
     hold_start: u64,
 }
 
+impl HoldRecord for ReadRecord {
+    fn lock(&self) -> usize {
+        self.lock
+    }
+}
+
+hold_records! {
+    /// This thread's outstanding [`ReadRecord`]s (see [`held`](super::held)).
+    struct Reads: ReadRecord;
+}
+
 thread_local! {
-    /// This thread's outstanding [`ReadRecord`]s, in no particular order.
-    /// Read guards are not `Send` (as in `parking_lot`), so a read hold
-    /// ends on the thread that began it.
-    static READ_RECORDS: RefCell<Vec<ReadRecord>> = const { RefCell::new(Vec::new()) };
-    /// `READ_RECORDS.len()`, in a thread-local without a destructor: the
-    /// one thing a read unlock looks at when its thread has no records.
-    static READ_RECORDS_HELD: Cell<u32> = const { Cell::new(0) };
     /// The lock this thread last took shared, and its counts (null when
     /// unobserved): what a read unlock counts on. Read from the lock
     /// itself just after the release, the pointer would pull the lock's
-    /// line back from the thread taking the lock next (two threads
-    /// sharing a lock for 50 ns reads and writes lost a tenth of their
-    /// throughput to that).
+    /// line back from the thread taking the lock next.
     static LAST_READ: Cell<(usize, *const OpCounts<2>)> = const { Cell::new((0, std::ptr::null())) };
-}
-
-/// Whether the calling thread has an outstanding [`ReadRecord`].
-#[inline(always)]
-fn read_records_held() -> bool {
-    READ_RECORDS_HELD.with(Cell::get) != 0
 }
 
 /// Decided before an acquisition's atomic operation: the thread's
@@ -408,38 +405,10 @@ impl RawRwLock {
         if self.observed.is_none() {
             return;
         }
-        let kept = READ_RECORDS
-            .try_with(|records| records.borrow_mut().push(record))
-            .is_ok();
-        if kept {
-            READ_RECORDS_HELD.with(|held| held.set(held.get() + 1));
-        } else {
-            // This thread's table is gone (a thread-local's destructor is
-            // taking the lock): the acquisition is pushed now, the sample
-            // is not taken, and the release counts a `read` (one too many
-            // for a downgrade's shared hold).
-            if record.op != 0 && (record.op, record.flags) != (op::READ, 0) {
-                self.probe.emit(record.op, record.flags, record.latency);
-            }
-        }
-    }
-
-    /// Takes this thread's record of a shared hold of this lock, if any.
-    /// (A thread holding this lock shared twice may get the other hold's
-    /// record; each is still reported once.)
-    fn take_read_record(&self) -> Option<ReadRecord> {
-        let record = READ_RECORDS
-            .try_with(|records| {
-                let mut records = records.borrow_mut();
-                let at = records.iter().rposition(|r| r.lock == self.addr())?;
-                Some(records.swap_remove(at))
-            })
-            .ok()
-            .flatten();
-        if record.is_some() {
-            READ_RECORDS_HELD.with(|held| held.set(held.get() - 1));
-        }
-        record
+        // Refused only when this thread's table is gone (a thread-local's
+        // destructor is taking the lock): the release then counts a
+        // `read`, and that is what this hold is reported as, unsampled.
+        let _ = Reads.push(record);
     }
 
     /// Ends a shared hold (`fair`: through `unlock_shared_fair`), then
@@ -451,7 +420,7 @@ impl RawRwLock {
     /// The caller holds a shared lock.
     #[inline(always)]
     unsafe fn end_read_hold(&self, fair: bool) {
-        if !read_records_held() {
+        if Reads.held() == 0 {
             let (last, last_counts) = LAST_READ.with(Cell::get);
             // SAFETY: forwarded: the caller holds a shared lock.
             unsafe { self.release_shared(fair) };
@@ -496,7 +465,7 @@ impl RawRwLock {
     #[cold]
     #[inline(never)]
     unsafe fn end_recorded_read_hold(&self, fair: bool) {
-        let record = self.take_read_record();
+        let record = Reads.take(self.addr());
         // SAFETY: forwarded: the caller holds a shared lock.
         unsafe { self.release_shared(fair) };
         let counts = self.counts();
@@ -1567,9 +1536,9 @@ mod tests {
         let other = RwLock::named(&other_name, 0u32);
         every_hold(&l);
         let held: Vec<_> = (0..10).map(|_| l.try_read().expect("only readers")).collect();
-        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 10);
+        assert_eq!(Reads.held(), 10);
         drop(held);
-        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
+        assert_eq!(Reads.held(), 0);
         for _ in 0..5 {
             let a = l.read();
             let b = other.read();
@@ -1578,7 +1547,7 @@ mod tests {
         }
         // An upgradable hold downgraded to a shared one is one `read`.
         drop(RwLockUpgradableReadGuard::downgrade(l.upgradable_read()));
-        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
+        assert_eq!(Reads.held(), 0);
         drop(l);
         drop(other);
         let r = wait_for(&name, |r| {
@@ -1607,7 +1576,7 @@ mod tests {
             std::thread::spawn(move || {
                 ready.wait();
                 let value = *l.read();
-                (value, READ_RECORDS_HELD.with(Cell::get))
+                (value, Reads.held())
             })
         };
         ready.wait();
@@ -1615,7 +1584,7 @@ mod tests {
         drop(write);
         assert_eq!(reader.join().unwrap(), (0, 0));
         let _read = l.try_read().unwrap();
-        assert_eq!(READ_RECORDS_HELD.with(Cell::get), 0);
+        assert_eq!(Reads.held(), 0);
     }
 
     #[test]
