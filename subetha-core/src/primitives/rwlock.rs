@@ -427,10 +427,11 @@ impl RawRwLock {
             if last == self.addr() {
                 // SAFETY: this thread holds this lock shared (so the lock
                 // is alive), and it took that hold itself (read guards
-                // are not `Send`): every shared acquisition leaves
-                // `LAST_READ` with the acquiring lock's address and
-                // counts, so a `LAST_READ` naming this address was left
-                // by this lock, whose counts live as long as it does.
+                // are not `Send`): every shared acquisition, observed or
+                // not, waited or not, leaves `LAST_READ` with the
+                // acquiring lock's address and counts, so a `LAST_READ`
+                // naming this address was left by this lock, whose counts
+                // live as long as it does.
                 self.count_read(unsafe { last_counts.as_ref() });
             } else {
                 self.count_read(self.counts());
@@ -617,6 +618,9 @@ impl RawRwLock {
     fn wait_for(&self, op: u16, exclusive: bool, ticket: Ticket, wait: impl FnOnce(&parking_lot::RawRwLock)) {
         if self.observed.is_none() {
             wait(&self.inner);
+            if !exclusive {
+                self.remember_shared_hold();
+            }
             return;
         }
         let start = clock::ticks();
@@ -644,7 +648,11 @@ impl RawRwLock {
         wait: impl FnOnce(&parking_lot::RawRwLock) -> bool,
     ) -> bool {
         if self.observed.is_none() {
-            return wait(&self.inner);
+            let acquired = wait(&self.inner);
+            if acquired && !exclusive {
+                self.remember_shared_hold();
+            }
+            return acquired;
         }
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
@@ -1575,14 +1583,17 @@ mod tests {
             let (l, ready) = (Arc::clone(&l), Arc::clone(&ready));
             std::thread::spawn(move || {
                 ready.wait();
-                let value = *l.read();
-                (value, Reads.held())
+                let guard = l.read();
+                // Its release counts on nothing: the waited read left this
+                // lock, uncounted, where the release looks first.
+                let remembered = LAST_READ.with(Cell::get) == (l.raw().addr(), std::ptr::null());
+                (*guard, Reads.held(), remembered)
             })
         };
         ready.wait();
         std::thread::sleep(Duration::from_millis(10));
         drop(write);
-        assert_eq!(reader.join().unwrap(), (0, 0));
+        assert_eq!(reader.join().unwrap(), (0, 0, true));
         let _read = l.try_read().unwrap();
         assert_eq!(Reads.held(), 0);
     }
