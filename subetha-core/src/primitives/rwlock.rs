@@ -25,9 +25,9 @@
 //! `try_read`, is pushed after it. (Upgradable reads, `try_write`s and
 //! upgrades are pushed as they acquire.) A write hold keeps its record in
 //! the lock (only its holder touches it), a read hold in a per-thread
-//! table of records keyed by the
-//! lock's address, beside a count of them, so the release of a read that
-//! needs no record looks at nothing but that thread-local count. (Read
+//! table of records keyed by the lock's address, beside a count of them,
+//! so the release of a read that needs no record looks at nothing but that
+//! thread-local count. (Read
 //! guards are not `Send`, as in `parking_lot`, so a read hold ends on the
 //! thread that began it. A read guard leaked with `mem::forget` leaves its
 //! record behind; a later lock at the same address would report it once.)
@@ -327,8 +327,8 @@ impl RawRwLock {
         }
     }
 
-    /// Whether the hold `ticket` began is sampled: a test of the cached
-    /// policy, and out of line the draw.
+    /// The start of the hold `ticket` began if it is sampled, else 0: a
+    /// test of the cached policy, and out of line the draw.
     #[inline(always)]
     fn sampled(&self, ticket: Ticket, now: u64) -> u64 {
         if ticket.n & self.sampler.check_mask() == 0 {
@@ -354,13 +354,14 @@ impl RawRwLock {
         start.max(1)
     }
 
-    /// Counts an uncontended `read`, after its release.
+    /// Counts an uncontended `read` or `write` (`op`), after its release.
     #[inline(always)]
-    fn count_read(&self, counts: Option<&OpCounts<2>>) {
+    fn count(&self, counts: Option<&OpCounts<2>>, op: u16) {
+        let counter = usize::from(op == op::WRITE);
         if let Some(counts) = counts
-            && let Some(covered) = counts.add(0)
+            && let Some(covered) = counts.add(counter)
         {
-            self.emit_count(op::READ, covered);
+            self.emit_count(op, covered);
         }
     }
 
@@ -432,9 +433,9 @@ impl RawRwLock {
                 // acquiring lock's address and counts, so a `LAST_READ`
                 // naming this address was left by this lock, whose counts
                 // live as long as it does.
-                self.count_read(unsafe { last_counts.as_ref() });
+                self.count(unsafe { last_counts.as_ref() }, op::READ);
             } else {
-                self.count_read(self.counts());
+                self.count(self.counts(), op::READ);
             }
         } else {
             // SAFETY: forwarded: the caller holds a shared lock.
@@ -471,12 +472,12 @@ impl RawRwLock {
         unsafe { self.release_shared(fair) };
         let counts = self.counts();
         let Some(record) = record else {
-            self.count_read(counts);
+            self.count(counts, op::READ);
             return;
         };
         match (record.op, record.flags) {
             (0, _) => {}
-            (op::READ, 0) => self.count_read(counts),
+            (op::READ, 0) => self.count(counts, op::READ),
             (op, flags) => self.probe.emit(op, flags, record.latency),
         }
         if record.hold_start != 0 {
@@ -553,19 +554,9 @@ impl RawRwLock {
     #[inline(always)]
     fn report_write_end(&self, end: WriteEnd, counts: Option<&OpCounts<2>>) {
         if end.kind == 0 {
-            self.count_write(counts);
+            self.count(counts, op::WRITE);
         } else {
             self.report_recorded_write_end(end, counts);
-        }
-    }
-
-    /// Counts an uncontended `write`, after its release.
-    #[inline(always)]
-    fn count_write(&self, counts: Option<&OpCounts<2>>) {
-        if let Some(counts) = counts
-            && let Some(covered) = counts.add(1)
-        {
-            self.emit_count(op::WRITE, covered);
         }
     }
 
@@ -577,7 +568,7 @@ impl RawRwLock {
         if end.kind & WRITE_WAITED != 0 {
             self.probe.emit(op::WRITE, CONTENDED, end.wait);
         } else if end.kind & WRITE_QUIET == 0 {
-            self.count_write(counts);
+            self.count(counts, op::WRITE);
         }
         if end.kind & WRITE_SAMPLED != 0 {
             self.probe.emit(op::WRITE_UNLOCK, 0, since(end.hold_start));
