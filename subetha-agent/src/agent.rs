@@ -10,9 +10,11 @@
 //! publishes an [`AgentSnapshot`] every `publish_interval` for the HTTP
 //! server, the exporters and the CLI.
 //!
-//! The scan interval adapts: it halves (down to `min_scan_interval`) when a
-//! ring was found more than half full and grows by half (up to
-//! `max_scan_interval`) when every ring was below an eighth.
+//! The scan interval adapts to how full the rings were found, between
+//! `min_scan_interval` and `max_scan_interval`, by the same
+//! [`ScanPacer`] as an application's sidecar: it halves when a ring was
+//! more than half full, returns to the shortest at once after drops, and
+//! grows while every ring stays under an eighth.
 //!
 //! After the scans, at most every [`POLICY_INTERVAL`] per process, the
 //! agent runs the built-in [`AdaptivePolicy`] of
@@ -37,7 +39,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use subetha_core::ObservationRing;
 use subetha_core::clock;
-use subetha_core::drain::Drainer;
+use subetha_core::drain::{Drainer, ScanPacer, ScanReport};
 use subetha_core::lease::{TakeoverRequest, word_pid};
 use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
@@ -222,7 +224,7 @@ struct State {
     scan_durations: LatencyHistogram,
     scan_gaps: LatencyHistogram,
     scan_count: u64,
-    interval: Duration,
+    pacer: ScanPacer,
     last_scan_end: Option<u64>,
     scanner_tid: u32,
     sched_samples: VecDeque<SchedSample>,
@@ -263,10 +265,7 @@ pub struct AgentHandle {
 impl Agent {
     /// An agent with `config`.
     pub fn new(config: AgentConfig) -> Self {
-        let interval = config
-            .min_scan_interval
-            .max(Duration::from_millis(1))
-            .min(config.max_scan_interval);
+        let pacer = ScanPacer::new(config.min_scan_interval, config.max_scan_interval);
         Self {
             state: State {
                 config,
@@ -284,7 +283,7 @@ impl Agent {
                 scan_durations: LatencyHistogram::new(),
                 scan_gaps: LatencyHistogram::new(),
                 scan_count: 0,
-                interval,
+                pacer,
                 last_scan_end: None,
                 scanner_tid: 0,
                 sched_samples: VecDeque::new(),
@@ -404,7 +403,7 @@ impl Agent {
                 *latest.lock() = Arc::new(self.state.snapshot());
                 next_publish = now + self.state.config.publish_interval;
             }
-            std::thread::park_timeout(self.state.interval);
+            std::thread::park_timeout(self.state.pacer.pause());
         }
         self.state.scan_all();
         self.state.drain_probe_events();
@@ -575,8 +574,7 @@ impl State {
         if let Some(end) = self.last_scan_end {
             self.scan_gaps.record(started.saturating_sub(end));
         }
-        let mut max_fill = 0u32;
-        let mut drained = 0u64;
+        let mut load = ScanReport::default();
         for tracked in self.tracked.iter_mut() {
             if tracked.exited.is_some() {
                 continue;
@@ -597,8 +595,7 @@ impl State {
                 }
             }
             let report = tracked.drainer.scan();
-            max_fill = max_fill.max(report.max_fill);
-            drained += report.drained;
+            load.merge_load(&report);
             tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
                 // Final drain: the process is gone, its rings hold the rest.
@@ -621,13 +618,13 @@ impl State {
             self.scan_drained.pop_front();
         }
         self.scans.push_back((started, ended));
-        self.scan_drained.push_back(drained);
+        self.scan_drained.push_back(load.drained);
         self.trace_drops(ended);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
         }
         self.retire_exited();
-        self.adapt_interval(max_fill);
+        self.pacer.after_scan(&load);
         self.expire();
     }
 
@@ -926,18 +923,6 @@ impl State {
         }
     }
 
-    fn adapt_interval(&mut self, max_fill: u32) {
-        let capacity = ObservationRing::CAPACITY as u32;
-        let interval = if max_fill > capacity / 2 {
-            self.interval / 2
-        } else if max_fill < capacity / 8 {
-            self.interval + self.interval / 2
-        } else {
-            self.interval
-        };
-        self.interval = interval.clamp(self.config.min_scan_interval, self.config.max_scan_interval);
-    }
-
     fn expire(&mut self) {
         let retention = self.config.retention;
         while self
@@ -1066,7 +1051,7 @@ impl State {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 scans: self.scan_count,
-                scan_interval_us: self.interval.as_micros() as u64,
+                scan_interval_us: self.pacer.pause().as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
                 probes: self.probes_note.clone(),

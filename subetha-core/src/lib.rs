@@ -57,7 +57,7 @@ pub use observation::{Observation, thread_id};
 pub use ring::ObservationRing;
 #[cfg(not(loom))]
 pub use {
-    drain::{Drainer, DropEpisode, InstanceMeta, InstanceRecord, RingRecord, ScanReport},
+    drain::{Drainer, DropEpisode, InstanceMeta, InstanceRecord, RingRecord, ScanPacer, ScanReport},
     primitives::{AdaptiveMutex, Barrier, Channel, Condvar, Mutex, PolicyWord, RwLock, Semaphore},
     registry::{Instance, InstanceKind, RegistryError, process_segment},
     segment::{Segment, SegmentConfig, SegmentError, SegmentView},

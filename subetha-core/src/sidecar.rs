@@ -8,9 +8,10 @@
 //! external agent should drain. The sidecar is the segment's consumer: it
 //! holds the consumer lease while it runs and gives it back when stopped.
 //!
-//! The scan thread sleeps `interval` (default 200 µs) between scans that
-//! find work, backing off to `max_interval` (5 ms) while all rings are idle,
-//! and
+//! The scan thread paces itself by how full it finds the rings (see
+//! [`ScanPacer`]): it pauses between `interval` (default 200 µs, after a
+//! scan that met drops or a ring over half full) and `max_interval` (5 ms,
+//! while the rings stay under an eighth full or idle), and
 //! evaluates policies every `policy_interval` (default 10 ms): a policy's
 //! verdict is written into the instance's policy word, which the primitive
 //! reads on its own schedule.
@@ -29,7 +30,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::clock;
-use crate::drain::{DrainTotals, Drainer, DropEpisode, InstanceRecord, RingRecord, ScanReport};
+use crate::drain::{DrainTotals, Drainer, DropEpisode, InstanceRecord, RingRecord, ScanPacer, ScanReport};
 use crate::lease::LeaseBusy;
 use crate::segment::{Segment, SegmentView};
 use crate::stats::InstanceStats;
@@ -142,11 +143,12 @@ pub trait Policy: Send + 'static {
 /// Sidecar timing and behaviour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SidecarConfig {
-    /// Pause between scans while rings have work (the shortest pause).
+    /// The shortest pause between scans: after one that found drops, the
+    /// pause returns to it (see [`ScanPacer`]).
     pub interval: Duration,
-    /// Longest pause: while every ring is idle the pause doubles up to this,
-    /// so an idle process pays a few hundred wakeups a second, not
-    /// thousands; the first scan that finds work returns to `interval`.
+    /// The longest pause: reached while every ring stays under an eighth
+    /// full, or idle, so a lightly loaded process pays a few hundred
+    /// wake-ups a second, not thousands.
     pub max_interval: Duration,
     /// Pause between policy evaluations.
     pub policy_interval: Duration,
@@ -307,7 +309,7 @@ pub enum SidecarError {
 
 fn run(shared: &Shared, config: SidecarConfig) {
     let mut next_policy = clock::monotonic_ns();
-    let mut pause = config.interval;
+    let mut pacer = ScanPacer::new(config.interval, config.max_interval);
     while !shared.stop.load(Ordering::Acquire) {
         let mut drainer = shared.drainer.lock();
         if !drainer.holds_lease() && !drainer.try_acquire() {
@@ -328,12 +330,7 @@ fn run(shared: &Shared, config: SidecarConfig) {
             apply_policies(shared);
             next_policy = report.started_mono_ns + config.policy_interval.as_nanos() as u64;
         }
-        pause = if report.drained == 0 && report.dropped == 0 {
-            (pause * 2).min(config.max_interval.max(config.interval))
-        } else {
-            config.interval
-        };
-        std::thread::park_timeout(pause);
+        std::thread::park_timeout(pacer.after_scan(&report));
     }
     // Final drain so nothing pushed before the stop is left behind, then
     // give the lease back.
