@@ -42,6 +42,9 @@
 //! child keeps the parent's slots taken (their threads are gone), so the
 //! child's threads may count on the shared stripe.
 
+#[cfg(not(loom))]
+use std::cell::Cell;
+
 use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering, OwnerLoad};
@@ -101,14 +104,33 @@ struct HeldSlot(Option<usize>);
 impl Drop for HeldSlot {
     fn drop(&mut self) {
         if let Some(slot) = self.0 {
+            // Later counts on this thread (other thread-locals' destructors
+            // may still count) go to the shared stripe.
+            SLOT_INDEX.with(|index| index.set(NO_SLOT));
             SLOTS.release(slot);
         }
     }
 }
 
+/// `SLOT_INDEX` before the thread's first count.
+#[cfg(not(loom))]
+const UNCLAIMED: u8 = u8::MAX;
+/// `SLOT_INDEX` of a thread without a slot: none was free, or it gave its
+/// slot back on exit.
+#[cfg(not(loom))]
+const NO_SLOT: u8 = u8::MAX - 1;
+#[cfg(not(loom))]
+const _: () = assert!(STRIPES < NO_SLOT as usize);
+
 #[cfg(not(loom))]
 thread_local! {
-    static SLOT: HeldSlot = HeldSlot(SLOTS.claim());
+    /// The slot `SLOT_HELD` holds, as an index, or [`UNCLAIMED`] /
+    /// [`NO_SLOT`]. A copy without a destructor, so that a count reads
+    /// one byte and compares it once (the holder's own thread-local
+    /// carries a registration state that every access would test).
+    static SLOT_INDEX: Cell<u8> = const { Cell::new(UNCLAIMED) };
+    /// Gives the slot back when the thread exits.
+    static SLOT_HELD: HeldSlot = HeldSlot(SLOTS.claim());
 }
 
 /// The calling thread's counting slot (`None`: none free, or the thread
@@ -116,7 +138,28 @@ thread_local! {
 #[cfg(not(loom))]
 #[inline(always)]
 fn my_slot() -> Option<usize> {
-    SLOT.try_with(|held| held.0).ok().flatten()
+    let index = SLOT_INDEX.with(Cell::get);
+    if usize::from(index) < STRIPES {
+        Some(usize::from(index))
+    } else {
+        claim_slot(index)
+    }
+}
+
+/// [`my_slot`] before the thread's first count, or without a slot.
+#[cfg(not(loom))]
+#[cold]
+#[inline(never)]
+fn claim_slot(index: u8) -> Option<usize> {
+    if index != UNCLAIMED {
+        return None;
+    }
+    // `try_with` fails once the thread has begun to exit and the holder is
+    // gone; the thread then counts on the shared stripe.
+    let slot = SLOT_HELD.try_with(|held| held.0).ok().flatten();
+    let index = slot.map_or(NO_SLOT, |slot| slot as u8);
+    SLOT_INDEX.with(|cell| cell.set(index));
+    slot
 }
 
 /// `OPS` operation counters, striped by counting slot (see the module
