@@ -308,7 +308,7 @@ impl AdaptiveConfig {
         let hold = if window.hold_samples >= self.min_hold_samples {
             window.hold_p90_ns
         } else if window.acquisitions < self.max_quiet_window {
-            // Hold samples come 1 in 64 acquisitions by default: wait for
+            // Hold samples come 1 in 256 acquisitions by default: wait for
             // enough of them unless sampling seems to be off.
             return Verdict::Accumulate;
         } else {

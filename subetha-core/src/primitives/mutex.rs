@@ -46,7 +46,7 @@
 //! recorded wait is still measured at acquisition).
 //!
 //! Hold times are sampled at the level in the instance's policy word (1 in
-//! 64 by default) in expectation, at random, not every 64th acquisition: a
+//! 256 by default) in expectation, at random, not every 256th acquisition: a
 //! sampled hold runs from a clock reading just before the acquisition (or
 //! the end of its wait) to one just after the release, so it includes the
 //! acquiring instruction (a few ns, more when another core holds the lock
@@ -1972,7 +1972,7 @@ mod tests {
     }
 
     /// Hold sampling follows the level a consumer writes into the policy
-    /// word: 1 in 64 by default, every hold, 1 in 512, off. The levels at
+    /// word: 1 in 256 by default, every hold, 1 in 512, off. The levels at
     /// or above 1 in 64 are drawn at random per thread, so their counts
     /// are checked against bounds (over four standard deviations wide;
     /// the thread's draws are seeded by its id, so a run repeats); every
@@ -1982,19 +1982,19 @@ mod tests {
         let name = unique("mutex-sampling");
         let m = Mutex::named(&name, ());
         let id = m.instance_id().unwrap();
-        // Default: 1 in 64, about 100 of 6,400 (standard deviation 10).
-        let r = lock_n(&m, &name, 0, 6400);
+        // Default: 1 in 256, about 100 of 25,600 (standard deviation 10).
+        let r = lock_n(&m, &name, 0, 25_600);
         let default = held_samples(&r);
-        assert!((60..=140).contains(&default), "{default} of 6400 sampled");
+        assert!((60..=140).contains(&default), "{default} of 25600 sampled");
         // A consumer raises the level to "every hold"; the mutex picks it
         // up at its next refresh (every 1,024 `lock`s), within this round.
         assert!(super::super::set_policy_word(
             id,
             PolicyWord::default().with_sample_every(1)
         ));
-        let r = lock_n(&m, &name, 6400, 1024);
+        let r = lock_n(&m, &name, 25_600, 1024);
         let raised = held_samples(&r);
-        let r = lock_n(&m, &name, 7424, 100);
+        let r = lock_n(&m, &name, 26_624, 100);
         assert_eq!(held_samples(&r), raised + 100, "every hold sampled");
         // 1 in 512 (applied at once by an explicit refresh): about 64 of
         // 32,768 (standard deviation 8), across a wrap of the lock word's
@@ -2004,7 +2004,7 @@ mod tests {
             PolicyWord::default().with_sample_every(512)
         ));
         m.refresh_policy();
-        let r = lock_n(&m, &name, 7524, 32_768);
+        let r = lock_n(&m, &name, 26_724, 32_768);
         let rare = held_samples(&r) - (raised + 100);
         assert!((30..=100).contains(&rare), "{rare} of 32768 sampled");
         // And off.
@@ -2014,11 +2014,11 @@ mod tests {
         ));
         m.refresh_policy();
         let before_off = held_samples(&r);
-        let r = lock_n(&m, &name, 40_292, 5000);
+        let r = lock_n(&m, &name, 59_492, 5000);
         assert_eq!(held_samples(&r), before_off);
-        // Every `lock` counted but the 44 since the last count (45,248 is
+        // Every `lock` counted but the 44 since the last count (64,448 is
         // a multiple of 64).
-        assert_eq!(op(&r, op::LOCK).0, 45_292 - 44);
+        assert_eq!(op(&r, op::LOCK).0, 64_492 - 44);
         let samples = r.stats.op(op::UNLOCK).unwrap().latency().unwrap();
         assert!(samples.min() >= 1, "a hold time is never 0");
     }
@@ -2046,9 +2046,10 @@ mod tests {
         let counted = ROUNDS - u64::from(b.raw().count().uncounted());
         let rb = wait_for(&name_b, |r| op(r, op::LOCK).0 >= counted);
         let ra = wait_for(&name_a, |r| op(r, op::LOCK).0 >= counted);
-        // 1,000 ± 31 and 125 ± 11 expected: bounds over four deviations.
+        // 250 ± 16 (the default, 1 in 256) and 125 ± 11 expected: bounds
+        // over four deviations.
         let (sa, sb) = (held_samples(&ra), held_samples(&rb));
-        assert!((870..=1130).contains(&sa), "a: {sa} of {ROUNDS}");
+        assert!((185..=315).contains(&sa), "a: {sa} of {ROUNDS}");
         assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS}");
     }
 

@@ -38,7 +38,7 @@
 //!
 //! Hold sampling uses a per-thread operation counter (readers share the
 //! lock, so there is no owner-only counter as in [`Mutex`](super::Mutex)),
-//! taken before the acquisition; for a sampling candidate (every 64th
+//! taken before the acquisition; for a sampling candidate (every 256th
 //! operation of the thread) the clock is read then too, so at the default
 //! level a sampled hold adds no clock read to itself. A sampled hold runs
 //! from that reading (or the end of its wait) to just after the release.
@@ -59,7 +59,9 @@ use crossbeam_utils::CachePadded;
 
 use super::held::{HoldRecord, Records as _, hold_records};
 use super::op_counts::OpCounts;
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use super::{
+    CONTENDED, COUNT, DEFAULT_SAMPLE_SHIFT, MISS, PolicyWord, Probe, Sampler, next_thread_op, since,
+};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -97,10 +99,10 @@ pub mod op {
 }
 
 /// Operations whose number (see [`next_thread_op`]) has these bits clear
-/// are sampling candidates: at the default level (1 in 64) exactly the
-/// ones the hold sampler may pick, so their clock reading is taken before
+/// are sampling candidates: at the default level (1 in 256) exactly the
+/// ones the hold sampler picks, so their clock reading is taken before
 /// the acquisition and a sampled hold adds no clock read to itself.
-const SAMPLE_CANDIDATES: u32 = 63;
+const SAMPLE_CANDIDATES: u32 = (1 << DEFAULT_SAMPLE_SHIFT) - 1;
 
 /// A shared hold whose release reports more than a count: one that
 /// waited, a `try_read`, a sampled hold, or the shared end of a downgrade.
