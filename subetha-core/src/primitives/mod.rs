@@ -573,6 +573,28 @@ pub(crate) fn next_thread_op() -> u32 {
     .unwrap_or(1)
 }
 
+thread_local! {
+    /// The hold samplers' xorshift state; 0 until the thread's first draw.
+    static HOLD_SAMPLE_RNG: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The next random number of the calling thread's hold samplers (the
+/// `Mutex`'s and the `RwLock`'s draws).
+pub(crate) fn next_hold_random() -> u32 {
+    HOLD_SAMPLE_RNG.with(|rng| {
+        let mut x = rng.get();
+        if x == 0 {
+            // A distinct, nonzero seed per thread.
+            x = crate::thread_id().wrapping_mul(0x9E37_79B9) | 1;
+        }
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        rng.set(x);
+        x
+    })
+}
+
 /// Ticks elapsed since `start`, at least 1 (0 means "not measured").
 #[inline]
 pub(crate) fn since(start: u64) -> u64 {

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, since};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, next_hold_random, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -358,24 +358,6 @@ thread_local! {
     /// (down to 1 in [`HOLD_SAMPLE_EVERY`]) while it takes others. A
     /// thread's first `lock` draws with weight 1.
     static HOLD_DRAW: Cell<u32> = const { Cell::new(1) };
-    /// The sampler's xorshift state; 0 until the thread's first draw.
-    static HOLD_SAMPLE_RNG: Cell<u32> = const { Cell::new(0) };
-}
-
-/// The next random number of the calling thread's hold sampler.
-fn next_hold_random() -> u32 {
-    HOLD_SAMPLE_RNG.with(|rng| {
-        let mut x = rng.get();
-        if x == 0 {
-            // A distinct, nonzero seed per thread.
-            x = crate::thread_id().wrapping_mul(0x9E37_79B9) | 1;
-        }
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        rng.set(x);
-        x
-    })
 }
 
 /// Reports the uncontended `lock`s no count covers yet, before the probe

@@ -36,12 +36,17 @@
 //! lock again once it is let go: that read would pull the lock's cache
 //! line back from the thread taking it next.
 //!
-//! Hold sampling uses a per-thread operation counter (readers share the
-//! lock, so there is no owner-only counter as in [`Mutex`](super::Mutex)),
-//! taken before the acquisition; for a sampling candidate (every 256th
-//! operation of the thread) the clock is read then too, so at the default
-//! level a sampled hold adds no clock read to itself. A sampled hold runs
-//! from that reading (or the end of its wait) to just after the release.
+//! Hold sampling is decided before the acquisition, as the
+//! [`Mutex`](super::Mutex)'s is: a count that covers `k` uncontended
+//! operations leaves its thread a draw of weight `k` (`RW_HOLD_DRAW`), and
+//! the thread's next acquisition of an `RwLock` pays it: sampled with
+//! probability `k` / the lock's level, its clock read before the atomic
+//! operation. So holds are sampled at the lock's level in expectation, at
+//! random, the common acquisition reads one thread-local and stores none,
+//! and nothing is decided inside the hold. A sampled hold runs from that
+//! reading (or the end of its wait) to just after the release. Levels
+//! finer than 1 in 64 are exact for a thread that keeps taking the lock,
+//! lower (down to 1 in 64) for one that takes other locks in between.
 //!
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) reads no
 //! clock even when it waits.
@@ -58,10 +63,8 @@ use lock_api::{
 use crossbeam_utils::CachePadded;
 
 use super::held::{HoldRecord, Records as _, hold_records};
-use super::op_counts::OpCounts;
-use super::{
-    CONTENDED, COUNT, DEFAULT_SAMPLE_SHIFT, MISS, PolicyWord, Probe, Sampler, next_thread_op, since,
-};
+use super::op_counts::{BATCH, OpCounts};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_hold_random, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -97,12 +100,6 @@ pub mod op {
     /// Upgradable → exclusive.
     pub const UPGRADE: u16 = 7;
 }
-
-/// Operations whose number (see [`next_thread_op`]) has these bits clear
-/// are sampling candidates: at the default level (1 in 256) exactly the
-/// ones the hold sampler picks, so their clock reading is taken before
-/// the acquisition and a sampled hold adds no clock read to itself.
-const SAMPLE_CANDIDATES: u32 = (1 << DEFAULT_SAMPLE_SHIFT) - 1;
 
 /// A shared hold whose release reports more than a count: one that
 /// waited, a `try_read`, a sampled hold, or the shared end of a downgrade.
@@ -140,15 +137,18 @@ thread_local! {
     /// itself just after the release, the pointer would pull the lock's
     /// line back from the thread taking the lock next.
     static LAST_READ: Cell<(usize, *const OpCounts<2>)> = const { Cell::new((0, std::ptr::null())) };
+    /// A draw of the hold sampler this thread owes its next `RwLock`
+    /// acquisition, as its weight (0: none; see the module docs). A
+    /// thread's first acquisition draws with weight 1.
+    static RW_HOLD_DRAW: Cell<u64> = const { Cell::new(1) };
 }
 
-/// Decided before an acquisition's atomic operation: the thread's
-/// operation number, and for a sampling candidate the policy refresh due
-/// and a clock reading a sampled hold can start from.
+/// Decided before an acquisition's atomic operation: whether its hold is
+/// sampled, and if so a clock reading the hold can start from.
 #[derive(Clone, Copy)]
 struct Ticket {
-    n: u32,
-    /// Ticks just before the acquisition; 0 = not read.
+    /// Ticks just before the acquisition of a sampled hold; 0 = not
+    /// sampled.
     start: u64,
 }
 
@@ -301,59 +301,49 @@ impl RawRwLock {
         self.observed.as_deref().map(|observed| &observed.counts)
     }
 
-    /// Takes a [`Ticket`] for the acquisition about to be tried.
+    /// Takes a [`Ticket`] for the acquisition about to be tried: one
+    /// thread-local read, and out of line the draw this thread owes.
     #[inline(always)]
     fn ticket(&self) -> Ticket {
-        let n = next_thread_op();
-        if n & SAMPLE_CANDIDATES == 0 {
-            self.candidate_ticket(n)
+        let weight = RW_HOLD_DRAW.with(Cell::get);
+        if weight != 0 {
+            self.drawn_ticket(weight)
         } else {
-            Ticket { n, start: 0 }
+            Ticket { start: 0 }
         }
     }
 
-    /// [`ticket`](Self::ticket) of a sampling candidate: refreshes the
-    /// policy when due and reads the clock, before the lock is taken.
+    /// [`ticket`](Self::ticket) of the acquisition that pays this thread's
+    /// draw: sampled with probability `weight` / the lock's level (certain
+    /// once the weight covers it), its clock read now, before the lock is
+    /// taken. A lock sampled finer than a count's batch leaves the next
+    /// acquisition a draw of weight 1.
     #[cold]
     #[inline(never)]
-    fn candidate_ticket(&self, n: u32) -> Ticket {
+    fn drawn_ticket(&self, weight: u64) -> Ticket {
         if self.observed.is_none() {
-            return Ticket { n, start: 0 };
+            // Nothing to sample; its counts schedule no draws.
+            RW_HOLD_DRAW.with(|draw| draw.set(0));
+            return Ticket { start: 0 };
         }
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
+        let mask = self.sampler.mask();
+        let fine = mask != Sampler::OFF && u64::from(mask) < BATCH - 1;
+        RW_HOLD_DRAW.with(|draw| draw.set(u64::from(fine)));
+        let sampled = mask != Sampler::OFF && u64::from(next_hold_random() & mask) < weight;
         Ticket {
-            n,
-            start: clock::ticks(),
+            start: if sampled { clock::ticks().max(1) } else { 0 },
         }
     }
 
-    /// The start of the hold `ticket` began if it is sampled, else 0: a
-    /// test of the cached policy, and out of line the draw.
+    /// The start of the hold `ticket` began if it is sampled (the end of
+    /// its wait, `now`, when it waited), else 0.
     #[inline(always)]
     fn sampled(&self, ticket: Ticket, now: u64) -> u64 {
-        if ticket.n & self.sampler.check_mask() == 0 {
-            self.sampled_start(ticket, now)
-        } else {
-            0
+        match (ticket.start, now) {
+            (0, _) => 0,
+            (start, 0) => start,
+            (_, now) => now,
         }
-    }
-
-    /// The start of a sampled hold (`now`, or the ticket's reading, or the
-    /// clock now), 0 when the hold is not sampled.
-    #[cold]
-    #[inline(never)]
-    fn sampled_start(&self, ticket: Ticket, now: u64) -> u64 {
-        if self.observed.is_none() || !self.sampler.wants_sample(ticket.n) {
-            return 0;
-        }
-        let start = match (now, ticket.start) {
-            (0, 0) => clock::ticks(),
-            (0, start) => start,
-            (now, _) => now,
-        };
-        start.max(1)
     }
 
     /// Counts an uncontended `read` or `write` (`op`), after its release.
@@ -367,11 +357,15 @@ impl RawRwLock {
         }
     }
 
-    /// Pushes a count, out of line so the acquisition stays short.
+    /// Pushes a count, out of line so the acquisition stays short; leaves
+    /// this thread a draw of the hold sampler for the operations it covers
+    /// and picks up a new policy word.
     #[cold]
     #[inline(never)]
     fn emit_count(&self, op: u16, covered: u64) {
         self.probe.emit(op, COUNT, covered);
+        RW_HOLD_DRAW.with(|draw| draw.set(draw.get().saturating_add(covered)));
+        self.refresh_policy();
     }
 
     /// A shared hold has begun: leaves what its release reports (`op`
@@ -1535,7 +1529,10 @@ mod tests {
         let other_name = unique("rwlock-records-other");
         let l = RwLock::named(&name, 0u32);
         let other = RwLock::named(&other_name, 0u32);
+        // Both sampled at every hold: a thread that takes a lock sampled
+        // more coarsely in between samples the next one less often.
         every_hold(&l);
+        every_hold(&other);
         let held: Vec<_> = (0..10).map(|_| l.try_read().expect("only readers")).collect();
         assert_eq!(Reads.held(), 10);
         drop(held);
@@ -1563,6 +1560,7 @@ mod tests {
             r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 5
         });
         assert_eq!(op(&o, op::READ), (5, 0, 0, 0));
+        assert_eq!(op(&o, op::READ_UNLOCK), (5, 0, 0, 5));
     }
 
     /// An unobserved lock waits like `parking_lot`'s, and leaves no
@@ -1591,6 +1589,45 @@ mod tests {
         assert_eq!(Reads.held(), 0);
     }
 
+    /// At the default level (1 in 256) holds are sampled at random, at
+    /// that rate in expectation, and a thread alternating between two
+    /// locks samples each at its own level (a fixed interval would land
+    /// on one of them). Bounds are over four standard deviations; the
+    /// thread's draws are seeded by its id, so a run repeats.
+    #[test]
+    fn read_holds_are_sampled_at_each_locks_level_in_expectation() {
+        const ROUNDS: u64 = 64_000;
+        let (name_a, name_b) = (unique("rwlock-level-a"), unique("rwlock-level-b"));
+        let (a, b) = (RwLock::named(&name_a, ()), RwLock::named(&name_b, ()));
+        assert!(set_policy_word(
+            b.instance_id().unwrap(),
+            PolicyWord::default().with_sample_every(512)
+        ));
+        b.refresh_policy();
+        let mut done = 0;
+        while done < ROUNDS {
+            for _ in 0..1000 {
+                drop(a.read());
+                drop(b.read());
+            }
+            done += 1000;
+            // Let the sidecar keep up, so no ring fills (counts come every
+            // 64th read, and 1000 is 40 past a multiple of 64).
+            wait_for(&name_a, |r| op(r, op::READ).0 >= done - done % 64);
+        }
+        drop((a, b));
+        let ra = wait_for(&name_a, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 == ROUNDS
+        });
+        let rb = wait_for(&name_b, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 == ROUNDS
+        });
+        // 250 ± 16 and 125 ± 11 expected.
+        let (sa, sb) = (op(&ra, op::READ_UNLOCK).0, op(&rb, op::READ_UNLOCK).0);
+        assert!((185..=315).contains(&sa), "a: {sa} of {ROUNDS} sampled");
+        assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS} sampled");
+    }
+
     #[test]
     fn read_hold_samples_follow_the_policy_and_drop_unregisters() {
         let name = unique("rwlock-sampling");
@@ -1598,7 +1635,9 @@ mod tests {
         let id = l.instance_id().unwrap();
         assert!(set_policy_word(id, PolicyWord::default().with_sample_every(0)));
         l.refresh_policy();
-        for _ in 0..3000 {
+        // A multiple of 64: the last read's count leaves this thread a
+        // draw, so the next read draws at the level set below.
+        for _ in 0..3008 {
             drop(l.read());
         }
         assert!(set_policy_word(id, PolicyWord::default().with_sample_every(1)));
@@ -1609,8 +1648,9 @@ mod tests {
         }
         drop(l);
         let r = wait_for(&name, |r| {
-            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 3020
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 >= 3028
         });
+        // None of the 3,008 while sampling was off, every one since.
         assert_eq!(op(&r, op::READ_UNLOCK), (20, 0, 0, 20));
         assert_eq!(super::super::policy_word(id), None);
     }
