@@ -47,6 +47,11 @@
 //! reading (or the end of its wait) to just after the release. Levels
 //! finer than 1 in 64 are exact for a thread that keeps taking the lock,
 //! lower (down to 1 in 64) for one that takes other locks in between.
+//! Acquisitions reported one by one (`try_*`, timed, waited, upgrades)
+//! are not counted, so they bring no draws: they are sampled by the
+//! thread's operation number as well, out of line, and re-read the policy
+//! word every 1,024 of them, so a lock only ever taken that way still
+//! follows its level.
 //!
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) reads no
 //! clock even when it waits.
@@ -64,7 +69,7 @@ use crossbeam_utils::CachePadded;
 
 use super::held::{HoldRecord, Records as _, hold_records};
 use super::op_counts::{BATCH, OpCounts};
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_hold_random, since};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_hold_random, next_thread_op, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -150,6 +155,13 @@ struct Ticket {
     /// Ticks just before the acquisition of a sampled hold; 0 = not
     /// sampled.
     start: u64,
+}
+
+impl Ticket {
+    /// The ticket of an acquisition reported on its own (a `try_*`, a
+    /// timed one, an upgrade): it pays no draw, and its hold is sampled
+    /// by [`RawRwLock::sample_reported`].
+    const REPORTED: Ticket = Ticket { start: 0 };
 }
 
 /// What only an observed lock needs, out of line: the counts of
@@ -357,6 +369,30 @@ impl RawRwLock {
         }
     }
 
+    /// Whether the hold of an acquisition reported on its own (a `try_*`,
+    /// a timed or waited acquisition, an upgrade) is sampled, by the
+    /// thread's operation number, as the [`Mutex`](super::Mutex) samples
+    /// its `try_lock`s and waits: no count covers these, so no draw would
+    /// come for a lock only ever taken that way. Also re-reads the policy
+    /// word when due (such a lock has no counts to do it). Returns the
+    /// hold's start (`now` if the acquisition read the clock, else the
+    /// clock now) or 0.
+    #[cold]
+    #[inline(never)]
+    fn sample_reported(&self, now: u64) -> u64 {
+        let n = next_thread_op();
+        if Sampler::wants_refresh(n) {
+            self.refresh_policy();
+        }
+        if !self.sampler.wants_sample(n) {
+            0
+        } else if now != 0 {
+            now
+        } else {
+            clock::ticks().max(1)
+        }
+    }
+
     /// Pushes a count, out of line so the acquisition stays short; leaves
     /// this thread a draw of the hold sampler for the operations it covers
     /// and picks up a new policy word.
@@ -377,13 +413,16 @@ impl RawRwLock {
         self.remember_shared_hold();
         let hold_start = self.sampled(ticket, now);
         if op != op::READ || flags != 0 || hold_start != 0 {
-            self.record_read(ReadRecord {
-                lock: self.addr(),
-                op,
-                flags,
-                latency,
-                hold_start,
-            });
+            self.record_read(
+                ReadRecord {
+                    lock: self.addr(),
+                    op,
+                    flags,
+                    latency,
+                    hold_start,
+                },
+                now,
+            );
         }
     }
 
@@ -395,12 +434,19 @@ impl RawRwLock {
         LAST_READ.with(|last| last.set((self.addr(), counts)));
     }
 
-    /// Leaves `record` for this thread's release of the hold.
+    /// Leaves `record` for this thread's release of the hold, sampled by
+    /// [`sample_reported`](Self::sample_reported) if it is reported on its
+    /// own and no draw sampled it. `now`: as for
+    /// [`acquired_shared`](Self::acquired_shared).
     #[cold]
     #[inline(never)]
-    fn record_read(&self, record: ReadRecord) {
+    fn record_read(&self, mut record: ReadRecord, now: u64) {
         if self.observed.is_none() {
             return;
+        }
+        // (op 0, the shared end of a downgrade, reports nothing: not sampled.)
+        if record.hold_start == 0 && record.op != 0 && (record.op != op::READ || record.flags != 0) {
+            record.hold_start = self.sample_reported(now);
         }
         // Refused only when this thread's table is gone (a thread-local's
         // destructor is taking the lock): the release then counts a
@@ -489,20 +535,37 @@ impl RawRwLock {
     /// counted or pushed inside an uncontended `write`'s hold.
     #[inline(always)]
     fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
+        let mut hold_start = self.sampled(ticket, now);
         if op != op::WRITE || flags != 0 {
-            self.acquired_exclusive_recorded(op, flags, latency);
+            hold_start = self.acquired_exclusive_recorded(op, flags, latency, hold_start, now);
         }
-        let hold_start = self.sampled(ticket, now);
         if hold_start != 0 {
             self.sample_write_hold(hold_start);
         }
     }
 
     /// [`acquired_exclusive`](Self::acquired_exclusive) of anything but
-    /// an uncontended `write`.
+    /// an uncontended `write`: returns the start of its hold if sampled
+    /// (`hold_start` from a draw, else by
+    /// [`sample_reported`](Self::sample_reported)), else 0.
     #[cold]
     #[inline(never)]
-    fn acquired_exclusive_recorded(&self, op: u16, flags: u16, latency: u64) {
+    fn acquired_exclusive_recorded(
+        &self,
+        op: u16,
+        flags: u16,
+        latency: u64,
+        hold_start: u64,
+        now: u64,
+    ) -> u64 {
+        if self.observed.is_none() {
+            return 0;
+        }
+        let hold_start = if hold_start == 0 {
+            self.sample_reported(now)
+        } else {
+            hold_start
+        };
         if op == op::WRITE
             && flags == CONTENDED
             && let Some(observed) = &self.observed
@@ -513,6 +576,7 @@ impl RawRwLock {
             self.probe.emit(op, flags, latency);
             self.write_kind.set(WRITE_QUIET);
         }
+        hold_start
     }
 
     #[cold]
@@ -589,13 +653,16 @@ impl RawRwLock {
     /// must not count one.
     fn downgraded_to_shared(&self) {
         self.remember_shared_hold();
-        self.record_read(ReadRecord {
-            lock: self.addr(),
-            op: 0,
-            flags: 0,
-            latency: 0,
-            hold_start: 0,
-        });
+        self.record_read(
+            ReadRecord {
+                lock: self.addr(),
+                op: 0,
+                flags: 0,
+                latency: 0,
+                hold_start: 0,
+            },
+            0,
+        );
     }
 
     /// Blocks in `wait` and records the wait as a contended `op`. An
@@ -697,7 +764,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline]
     fn try_lock_shared(&self) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         self.try_shared(op::TRY_READ, ticket, self.inner.try_lock_shared())
     }
 
@@ -719,7 +786,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline]
     fn try_lock_exclusive(&self) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         self.try_exclusive(op::TRY_WRITE, ticket, self.inner.try_lock_exclusive())
     }
 
@@ -797,7 +864,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 
     #[inline]
     fn try_lock_shared_for(&self, timeout: Duration) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_shared() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
@@ -808,7 +875,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 
     #[inline]
     fn try_lock_shared_until(&self, timeout: Instant) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_shared() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
@@ -819,7 +886,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 
     #[inline]
     fn try_lock_exclusive_for(&self, timeout: Duration) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_exclusive() {
             return self.try_exclusive(op::TRY_WRITE, ticket, true);
         }
@@ -830,7 +897,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 
     #[inline]
     fn try_lock_exclusive_until(&self, timeout: Instant) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_exclusive() {
             return self.try_exclusive(op::TRY_WRITE, ticket, true);
         }
@@ -854,7 +921,7 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
 
     #[inline]
     fn try_lock_shared_recursive(&self) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         self.try_shared(op::TRY_READ, ticket, self.inner.try_lock_shared_recursive())
     }
 }
@@ -863,7 +930,7 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
 unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
     fn try_lock_shared_recursive_for(&self, timeout: Duration) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_shared_recursive() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
@@ -874,7 +941,7 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
 
     #[inline]
     fn try_lock_shared_recursive_until(&self, timeout: Instant) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         if self.inner.try_lock_shared_recursive() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
@@ -914,7 +981,7 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
 
     #[inline]
     unsafe fn upgrade(&self) {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
             self.acquired_exclusive(op::UPGRADE, 0, 0, ticket, 0);
@@ -926,7 +993,7 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
 
     #[inline]
     unsafe fn try_upgrade(&self) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
         let upgraded = unsafe { self.inner.try_upgrade() };
         self.try_exclusive(op::UPGRADE, ticket, upgraded)
@@ -995,7 +1062,7 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
 
     #[inline]
     unsafe fn try_upgrade_for(&self, timeout: Duration) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
             return self.try_exclusive(op::UPGRADE, ticket, true);
@@ -1008,7 +1075,7 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
 
     #[inline]
     unsafe fn try_upgrade_until(&self, timeout: Instant) -> bool {
-        let ticket = self.ticket();
+        let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
             return self.try_exclusive(op::UPGRADE, ticket, true);
@@ -1626,6 +1693,40 @@ mod tests {
         let (sa, sb) = (op(&ra, op::READ_UNLOCK).0, op(&rb, op::READ_UNLOCK).0);
         assert!((185..=315).contains(&sa), "a: {sa} of {ROUNDS} sampled");
         assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS} sampled");
+    }
+
+    /// A lock only ever taken by `try_read` and `try_write` has no counts,
+    /// so no draws: its holds are sampled by the thread's operation
+    /// number, and it re-reads its policy word on its own (every 1,024
+    /// operations of the thread), without an explicit refresh.
+    #[test]
+    fn a_lock_taken_only_by_try_is_sampled_and_follows_its_policy() {
+        let name = unique("rwlock-try-only");
+        let l = RwLock::named(&name, ());
+        assert!(set_policy_word(
+            l.instance_id().unwrap(),
+            PolicyWord::default().with_sample_every(1)
+        ));
+        for _ in 0..1100 {
+            drop(l.try_read().expect("free"));
+        }
+        for _ in 0..100 {
+            drop(l.try_read().expect("free"));
+            drop(l.try_write().expect("free"));
+        }
+        drop(l);
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::TRY_WRITE).0 == 100
+        });
+        assert_eq!(op(&r, op::TRY_READ).0, 1200);
+        // Every hold once the new level was read (by the 1,024th operation
+        // at the latest), a few at the default level before.
+        let read_samples = op(&r, op::READ_UNLOCK).0;
+        assert!(
+            (176..=200).contains(&read_samples),
+            "{read_samples} of 1200 read holds sampled"
+        );
+        assert_eq!(op(&r, op::WRITE_UNLOCK), (100, 0, 0, 100));
     }
 
     #[test]
