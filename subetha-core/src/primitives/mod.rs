@@ -521,6 +521,26 @@ impl Sampler {
         mask != Self::OFF && n & mask == 0
     }
 
+    /// Operation `n`'s out-of-line bookkeeping, for a primitive that
+    /// samples by the thread's operation number: re-reads the policy word
+    /// from `probe` when `n` is due, then returns the start of the hold
+    /// sample `n` begins (`now`, or the clock now when `now` is 0), or 0
+    /// when `n` is not sampled.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn bookkeeping(&self, probe: &Probe, n: u32, now: u64) -> u64 {
+        if Self::wants_refresh(n) {
+            self.apply(probe.policy_word());
+        }
+        if !self.wants_sample(n) {
+            0
+        } else if now != 0 {
+            now
+        } else {
+            crate::clock::ticks().max(1)
+        }
+    }
+
     /// Whether operation `n` is due to re-read the policy word.
     #[inline]
     pub(crate) fn wants_refresh(n: u32) -> bool {

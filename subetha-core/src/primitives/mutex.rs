@@ -632,11 +632,9 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     fn sample_or_refresh(&self, n: u32, now: u64) {
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if self.sampler.wants_sample(n) {
-            self.hold_start.set(if now != 0 { now } else { clock::ticks() });
+        let start = self.sampler.bookkeeping(&self.probe, n, now);
+        if start != 0 {
+            self.hold_start.set(start);
             self.pending.set(self.pending.get() | PENDING_SAMPLED);
         }
     }

@@ -162,6 +162,17 @@ impl Ticket {
     /// timed one, an upgrade): it pays no draw, and its hold is sampled
     /// by [`RawRwLock::sample_reported`].
     const REPORTED: Ticket = Ticket { start: 0 };
+
+    /// The start of the hold this ticket began if it is sampled (the end
+    /// of its wait, `now`, when it waited), else 0.
+    #[inline(always)]
+    fn hold_start(self, now: u64) -> u64 {
+        match (self.start, now) {
+            (0, _) => 0,
+            (start, 0) => start,
+            (_, now) => now,
+        }
+    }
 }
 
 /// What only an observed lock needs, out of line: the counts of
@@ -347,17 +358,6 @@ impl RawRwLock {
         }
     }
 
-    /// The start of the hold `ticket` began if it is sampled (the end of
-    /// its wait, `now`, when it waited), else 0.
-    #[inline(always)]
-    fn sampled(&self, ticket: Ticket, now: u64) -> u64 {
-        match (ticket.start, now) {
-            (0, _) => 0,
-            (start, 0) => start,
-            (_, now) => now,
-        }
-    }
-
     /// Counts an uncontended `read` or `write` (`op`), after its release.
     #[inline(always)]
     fn count(&self, counts: Option<&OpCounts<2>>, op: u16) {
@@ -377,20 +377,8 @@ impl RawRwLock {
     /// word when due (such a lock has no counts to do it). Returns the
     /// hold's start (`now` if the acquisition read the clock, else the
     /// clock now) or 0.
-    #[cold]
-    #[inline(never)]
     fn sample_reported(&self, now: u64) -> u64 {
-        let n = next_thread_op();
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if !self.sampler.wants_sample(n) {
-            0
-        } else if now != 0 {
-            now
-        } else {
-            clock::ticks().max(1)
-        }
+        self.sampler.bookkeeping(&self.probe, next_thread_op(), now)
     }
 
     /// Pushes a count, out of line so the acquisition stays short; leaves
@@ -411,7 +399,7 @@ impl RawRwLock {
     #[inline(always)]
     fn acquired_shared(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
         self.remember_shared_hold();
-        let hold_start = self.sampled(ticket, now);
+        let hold_start = ticket.hold_start(now);
         if op != op::READ || flags != 0 || hold_start != 0 {
             self.record_read(
                 ReadRecord {
@@ -535,7 +523,7 @@ impl RawRwLock {
     /// counted or pushed inside an uncontended `write`'s hold.
     #[inline(always)]
     fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
-        let mut hold_start = self.sampled(ticket, now);
+        let mut hold_start = ticket.hold_start(now);
         if op != op::WRITE || flags != 0 {
             hold_start = self.acquired_exclusive_recorded(op, flags, latency, hold_start, now);
         }

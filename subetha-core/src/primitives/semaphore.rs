@@ -220,26 +220,11 @@ impl Semaphore {
         let n = next_thread_op();
         let mut hold_start = 0;
         if n & self.sampler.check_mask() == 0 {
-            hold_start = self.bookkeeping(n, now);
+            hold_start = self.sampler.bookkeeping(&self.probe, n, now);
         }
         SemaphorePermit {
             semaphore: self,
             hold_start,
-        }
-    }
-
-    /// Refreshes the policy and/or starts a hold sample; returns the sample's
-    /// start (0 = not sampled).
-    #[cold]
-    #[inline(never)]
-    fn bookkeeping(&self, n: u32, now: u64) -> u64 {
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if self.sampler.wants_sample(n) {
-            if now != 0 { now } else { clock::ticks() }.max(1)
-        } else {
-            0
         }
     }
 

@@ -81,20 +81,7 @@ impl Common {
         self.probe.emit(op, flags, latency);
         let n = next_thread_op();
         if n & self.sampler.check_mask() == 0 {
-            self.bookkeeping(n, now)
-        } else {
-            0
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn bookkeeping(&self, n: u32, now: u64) -> u64 {
-        if Sampler::wants_refresh(n) {
-            self.refresh_policy();
-        }
-        if self.sampler.wants_sample(n) {
-            if now != 0 { now } else { clock::ticks() }.max(1)
+            self.sampler.bookkeeping(&self.probe, n, now)
         } else {
             0
         }
