@@ -30,6 +30,7 @@
 //! back, so the applications' sidecars resume.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ops::{Range, RangeInclusive};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -396,6 +397,9 @@ impl Agent {
             }
             self.state.take_registrations();
             self.state.scan_all();
+            // The pause runs from the end of the scan: the agent's own work
+            // below comes out of it rather than adding to the rings' wait.
+            let next_scan = Instant::now() + self.state.pacer.pause();
             self.state.sample_scheduler();
             self.state.drain_probe_events();
             if now >= next_publish {
@@ -403,7 +407,10 @@ impl Agent {
                 *latest.lock() = Arc::new(self.state.snapshot());
                 next_publish = now + self.state.config.publish_interval;
             }
-            std::thread::park_timeout(self.state.pacer.pause());
+            let pause = next_scan.saturating_duration_since(Instant::now());
+            if !pause.is_zero() {
+                std::thread::park_timeout(pause);
+            }
         }
         self.state.scan_all();
         self.state.drain_probe_events();
@@ -866,8 +873,10 @@ impl State {
     fn refresh_causes(&mut self) {
         let now = clock::monotonic_ns();
         self.refresh_timelines(now);
-        let samples: Vec<SchedSample> = self.sched_samples.iter().copied().collect();
-        let off_cpu: Vec<OffCpu> = self.off_cpu.iter().cloned().collect();
+        // Borrowed in place, not copied: this runs on the scan thread, and
+        // every microsecond here is one the rings wait.
+        let samples: &[SchedSample] = self.sched_samples.make_contiguous();
+        let off_cpu: &[OffCpu] = self.off_cpu.make_contiguous();
         for storm in self.storms.iter_mut().rev() {
             if storm.cause_settled {
                 break; // older storms settled before this one
@@ -875,27 +884,25 @@ impl State {
             let settled = storm
                 .end_mono_ns
                 .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
-            let since = storm
-                .begin_mono_ns
-                .saturating_sub(storm.max_scan_gap_ns.max(1_000_000_000));
-            let recent = self
-                .scans
-                .iter()
-                .rev()
-                .take_while(|&&(_, end)| end >= since)
-                .count();
-            let first = self.scans.len() - recent;
-            let scans: Vec<(u64, u64)> = self.scans.iter().skip(first).copied().collect();
-            let scan_drained: Vec<u64> = self.scan_drained.iter().skip(first).copied().collect();
+            // Copying the whole history instead cost milliseconds per
+            // publish in a debug build, long enough to stall the scanner it
+            // was diagnosing.
+            let lookback = storm
+                .max_scan_gap_ns
+                .max(self.config.max_scan_interval.as_nanos() as u64);
+            let window = storm.begin_mono_ns.saturating_sub(lookback)..=storm.end_mono_ns.unwrap_or(now);
+            let range = scans_for_diagnosis(&self.scans, window);
+            let scans: Vec<(u64, u64)> = self.scans.range(range.clone()).copied().collect();
+            let scan_drained: Vec<u64> = self.scan_drained.range(range).copied().collect();
             let facts = Facts {
-                off_cpu: &off_cpu,
+                off_cpu,
                 probes: self.probes_active,
                 scans: &scans,
                 scan_drained: &scan_drained,
                 max_interval_ns: self.config.max_scan_interval.as_nanos() as u64,
                 min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
                 ring_capacity: ObservationRing::CAPACITY as u64,
-                sched_samples: &samples,
+                sched_samples: samples,
                 producer_cpu: self.producer_cpus.get(&storm.tid).copied(),
                 producer_migrations: &self
                     .producer_migrations
@@ -1271,9 +1278,35 @@ fn overlapping_gaps(scans: &VecDeque<(u64, u64)>, begin: u64, end: Option<u64>) 
     gaps
 }
 
+/// The scans a storm's diagnosis reads, as indices into the history: those
+/// overlapping `window` (the storm and the gap before it), and the last one
+/// before it, when the ring was last emptied.
+fn scans_for_diagnosis(scans: &VecDeque<(u64, u64)>, window: RangeInclusive<u64>) -> Range<usize> {
+    let first = scans
+        .partition_point(|&(_, end)| end < *window.start())
+        .saturating_sub(1);
+    let last = scans.partition_point(|&(begin, _)| begin <= *window.end());
+    first..last.max(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diagnosis_reads_the_scans_around_its_storm_and_the_one_before() {
+        let scans: VecDeque<(u64, u64)> = [(0, 10), (20, 30), (100, 110), (115, 120), (300, 310)].into();
+        // Overlapping 105..=200: the scans at 100 and 115, and the one at 20
+        // (the ring was last emptied at 30).
+        assert_eq!(scans_for_diagnosis(&scans, 105..=200), 1..4);
+        // A window between scans still gets the scan before it.
+        assert_eq!(scans_for_diagnosis(&scans, 40..=90), 1..2);
+        // Before the history: nothing to read, no panic.
+        assert_eq!(scans_for_diagnosis(&scans, 0..=0), 0..1);
+        assert_eq!(scans_for_diagnosis(&VecDeque::new(), 5..=9), 0..0);
+        // After the last scan: the last scan only.
+        assert_eq!(scans_for_diagnosis(&scans, 400..=500), 4..5);
+    }
 
     #[test]
     fn gaps_overlapping_a_window_longest_first() {
