@@ -621,6 +621,15 @@ pub(crate) fn since(start: u64) -> u64 {
     clock::ticks().saturating_sub(start).max(1)
 }
 
+/// A hold's length in ticks from `start` to `ended` (0: until now).
+pub(crate) fn held(start: u64, ended: u64) -> u64 {
+    if ended == 0 {
+        since(start)
+    } else {
+        ended.saturating_sub(start).max(1)
+    }
+}
+
 /// Ticks per [`PolicyWord::SPIN_UNIT_NS`], measured once.
 pub(crate) fn ticks_per_spin_unit() -> u64 {
     static TICKS: OnceLock<u64> = OnceLock::new();
