@@ -1,8 +1,10 @@
 //! The agent's scan thread: discovery, attachment, draining, storms.
 //!
-//! One dedicated OS thread ([`Agent::spawn`]) does all the work, because
-//! draining is CPU work with a latency budget, not async work: it
-//! rediscovers processes every `discovery_interval`, takes their segments'
+//! One dedicated OS thread ([`Agent::spawn`]) does the work, because
+//! draining is CPU work with a latency budget, not async work: it attaches
+//! the segments a second thread finds walking `/proc` every
+//! `discovery_interval` (a walk can take tens of milliseconds, which the
+//! rings must not wait for), takes their segments'
 //! consumer lease (asking an application's sidecar to hand over), drains
 //! every attached segment through the core [`Drainer`], notices process
 //! exits through pidfds (draining what the process left in its rings before
@@ -50,7 +52,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, SchedSample};
-use crate::discovery::{self, Candidate};
+use crate::discovery::{self, Candidate, ProcWalker};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
@@ -356,12 +358,16 @@ impl Agent {
                 ),
             }
         }
+        let walker = ProcWalker::start(
+            self.state.config.pids.clone(),
+            self.state.config.discovery_interval,
+        )?;
         let latest = Arc::new(Mutex::new(Arc::new(AgentSnapshot::default())));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new().name("subetha-scan".into()).spawn({
             let latest = Arc::clone(&latest);
             let stop = Arc::clone(&stop);
-            move || self.run(&latest, &stop)
+            move || self.run(&walker, &latest, &stop)
         })?;
         Ok(AgentHandle {
             latest,
@@ -370,7 +376,12 @@ impl Agent {
         })
     }
 
-    fn run(mut self, latest: &Mutex<Arc<AgentSnapshot>>, stop: &AtomicBool) -> AgentSnapshot {
+    fn run(
+        mut self,
+        walker: &ProcWalker,
+        latest: &Mutex<Arc<AgentSnapshot>>,
+        stop: &AtomicBool,
+    ) -> AgentSnapshot {
         // SAFETY: gettid has no preconditions.
         self.state.scanner_tid = unsafe { libc::gettid() } as u32;
         if let Some(cpu) = self.state.config.scanner_cpu
@@ -387,13 +398,11 @@ impl Agent {
             self.state.probes_active = probes.sched_active();
             self.state.probes_note = probes.summary();
         }
-        let mut next_discovery = Instant::now();
         let mut next_publish = Instant::now();
         while !stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            if now >= next_discovery {
-                self.state.discover();
-                next_discovery = now + self.state.config.discovery_interval;
+            for candidates in walker.take() {
+                self.state.attach_found(candidates);
             }
             self.state.take_registrations();
             self.state.scan_all();
@@ -487,8 +496,9 @@ impl State {
                 .any(|t| t.pid == candidate.pid && t.candidate.inode == candidate.inode)
     }
 
-    fn discover(&mut self) {
-        let candidates = discovery::scan_proc(self.config.pids.as_deref());
+    /// Attaches the segments a walk of `/proc` found that are not tracked
+    /// yet.
+    fn attach_found(&mut self, candidates: Vec<Candidate>) {
         for candidate in candidates {
             if self.is_known(&candidate) {
                 continue;

@@ -12,6 +12,11 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TrySendError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use subetha_core::segment::{Expectations, MEMFD_NAME, SegmentError, SegmentView, process_start_time};
 
@@ -80,6 +85,65 @@ pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
         }
     }
     found
+}
+
+/// Walks `/proc` for segments ([`scan_proc`]) on a thread of its own, every
+/// `interval`, and hands each walk's candidates to the scan thread.
+///
+/// A walk reads a link per open descriptor of every process: tens of
+/// milliseconds on a busy host, and milliseconds even for one process in a
+/// debug build. Done on the scan thread between two scans, it left the
+/// rings undrained that long, long enough for a busy ring to fill.
+/// Stopped (and joined) when dropped.
+pub(crate) struct ProcWalker {
+    found: Receiver<Vec<Candidate>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ProcWalker {
+    /// Starts walking now, limited to `pids` when given.
+    pub(crate) fn start(pids: Option<Vec<u32>>, interval: Duration) -> std::io::Result<Self> {
+        // One walk waits at most: a walk the scan thread has not taken yet
+        // is no older than one interval, and the next one follows.
+        let (send, found) = std::sync::mpsc::sync_channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("subetha-discover".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || {
+                    while !stop.load(Ordering::Acquire) {
+                        match send.try_send(scan_proc(pids.as_deref())) {
+                            Ok(()) | Err(TrySendError::Full(_)) => {}
+                            Err(TrySendError::Disconnected(_)) => return,
+                        }
+                        std::thread::park_timeout(interval);
+                    }
+                }
+            })?;
+        Ok(Self {
+            found,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The candidates of every walk finished since the last call, oldest
+    /// first. Never blocks.
+    pub(crate) fn take(&self) -> impl Iterator<Item = Vec<Candidate>> + '_ {
+        self.found.try_iter()
+    }
+}
+
+impl Drop for ProcWalker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Why a candidate could not be attached.
@@ -233,6 +297,28 @@ fn sanitize(text: &OsStr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_walker_walks_at_once_and_stops_without_waiting_out_its_interval() {
+        // A pid that cannot exist: every walk finds nothing, quickly.
+        let walker = ProcWalker::start(Some(vec![u32::MAX]), Duration::from_secs(3600)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let walks = loop {
+            let walks: Vec<_> = walker.take().collect();
+            if !walks.is_empty() {
+                break walks;
+            }
+            assert!(std::time::Instant::now() < deadline, "no walk within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(walks, vec![Vec::<Candidate>::new()]);
+        let stopping = std::time::Instant::now();
+        drop(walker);
+        assert!(
+            stopping.elapsed() < Duration::from_secs(10),
+            "dropping the walker waited out its interval"
+        );
+    }
 
     #[test]
     fn reads_own_identity() {

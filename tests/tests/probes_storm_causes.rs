@@ -78,10 +78,10 @@ const RATE: &str = "2000000";
 /// machine.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 const MS: f64 = 1e6;
-/// The first discovery runs when the agent starts (the flood is already
-/// waiting); later ones walk all of `/proc` on the scan thread, which can
-/// take milliseconds in a debug build and would stall the scanner in the
-/// middle of a staged storm. Once a second keeps them out of the way.
+/// The first walk of `/proc` runs when the agent starts (the flood is
+/// already waiting). The walks run on a thread of their own, not the
+/// scanner's, but still take CPU time from whatever shares their CPU: once
+/// a second keeps them out of the staged storms' way.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(1);
 
 static SERIAL: Mutex<()> = Mutex::new(());
