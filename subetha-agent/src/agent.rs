@@ -51,7 +51,7 @@ use subetha_core::stats::LatencyHistogram;
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
-use crate::cause::{self, Facts, OffCpu, SchedSample};
+use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::discovery::{self, Candidate, ProcWalker};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
@@ -150,6 +150,11 @@ const MIGRATION_HISTORY: usize = 64;
 const SIGNIFICANT_WAIT_NS: u64 = OffCpuFilter::SIGNIFICANT_WAIT_NS;
 /// Scanner off-CPU intervals kept (from the probes).
 const OFF_CPU_HISTORY: usize = 8192;
+/// Stretches of the scan thread's own work kept.
+const OWN_WORK_HISTORY: usize = 4096;
+/// Own work shorter than this is not kept: it cannot explain a gap
+/// between scans worth a diagnosis.
+const OWN_WORK_MIN_NS: u64 = 50_000;
 /// A storm's cause is (re)computed until this long after it ended, as late
 /// kernel events and scheduler samples arrive.
 const CAUSE_SETTLE_NS: u64 = 2_000_000_000;
@@ -234,6 +239,10 @@ struct State {
     sched_sampler: Option<cause::SchedSampler>,
     next_sched_sample_ns: u64,
     off_cpu: VecDeque<OffCpu>,
+    /// The scan thread's own work between scans that took at least
+    /// [`OWN_WORK_MIN_NS`], newest last: what a storm's gap may be blamed
+    /// on.
+    own_work: VecDeque<OwnWork>,
     probes_active: bool,
     probes: Option<Probes>,
     probes_note: String,
@@ -293,6 +302,7 @@ impl Agent {
                 sched_sampler: None,
                 next_sched_sample_ns: 0,
                 off_cpu: VecDeque::new(),
+                own_work: VecDeque::new(),
                 probes_active: false,
                 probes: None,
                 probes_note: "off".into(),
@@ -401,19 +411,24 @@ impl Agent {
         let mut next_publish = Instant::now();
         while !stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            for candidates in walker.take() {
-                self.state.attach_found(candidates);
-            }
-            self.state.take_registrations();
+            self.state.timed("attaching segments", |state| {
+                for candidates in walker.take() {
+                    state.attach_found(candidates);
+                }
+                state.take_registrations();
+            });
             self.state.scan_all();
             // The pause runs from the end of the scan: the agent's own work
             // below comes out of it rather than adding to the rings' wait.
             let next_scan = Instant::now() + self.state.pacer.pause();
             self.state.sample_scheduler();
-            self.state.drain_probe_events();
+            self.state
+                .timed("reading the probes' events", State::drain_probe_events);
             if now >= next_publish {
-                self.state.refresh_causes();
-                *latest.lock() = Arc::new(self.state.snapshot());
+                self.state.timed("publishing a snapshot", |state| {
+                    state.refresh_causes();
+                    *latest.lock() = Arc::new(state.snapshot());
+                });
                 next_publish = now + self.state.config.publish_interval;
             }
             let pause = next_scan.saturating_duration_since(Instant::now());
@@ -459,6 +474,25 @@ impl Drop for AgentHandle {
 }
 
 impl State {
+    /// Runs `work`, the scan thread's own work between two scans, and keeps
+    /// its stretch if it took [`OWN_WORK_MIN_NS`] or more.
+    fn timed<R>(&mut self, what: &'static str, work: impl FnOnce(&mut Self) -> R) -> R {
+        let begin_ns = clock::monotonic_ns();
+        let result = work(self);
+        let end_ns = clock::monotonic_ns();
+        if end_ns.saturating_sub(begin_ns) >= OWN_WORK_MIN_NS {
+            if self.own_work.len() == OWN_WORK_HISTORY {
+                self.own_work.pop_front();
+            }
+            self.own_work.push_back(OwnWork {
+                begin_ns,
+                end_ns,
+                what,
+            });
+        }
+        result
+    }
+
     fn take_registrations(&mut self) {
         let Some((_, rx)) = &self.registrations else {
             return;
@@ -887,6 +921,7 @@ impl State {
         // every microsecond here is one the rings wait.
         let samples: &[SchedSample] = self.sched_samples.make_contiguous();
         let off_cpu: &[OffCpu] = self.off_cpu.make_contiguous();
+        let own_work: &[OwnWork] = self.own_work.make_contiguous();
         for storm in self.storms.iter_mut().rev() {
             if storm.cause_settled {
                 break; // older storms settled before this one
@@ -919,6 +954,7 @@ impl State {
                     .get(&storm.tid)
                     .map(|m| m.iter().copied().collect::<Vec<_>>())
                     .unwrap_or_default(),
+                own_work,
             };
             let verdict = cause::diagnose(storm, &facts);
             // Evidence only ever leaves the bounded histories: a verdict

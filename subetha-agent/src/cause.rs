@@ -8,9 +8,12 @@
 //! lasted longer than the ring takes to fill (**scanner too slow**), its
 //! pause between scans is longer than the ring takes to fill at this push
 //! rate (**scan interval too long**), or it scanned back to back and the
-//! producer still outran it (**producer burst**). A gap far beyond the
-//! scanner's planned pause that nothing observed explains is reported as
-//! **scanner stalled**, with low confidence.
+//! producer still outran it (**producer burst**). A gap the agent's own
+//! work between two scans mostly filled (publishing a snapshot, attaching
+//! segments, reading the probes' events: the agent times each) is
+//! **agent busy**. A gap far beyond the scanner's planned pause that
+//! nothing observed explains is reported as **scanner stalled**, with low
+//! confidence.
 //!
 //! With the eBPF probes the scanner's off-CPU intervals come from
 //! `sched_switch`/`sched_wakeup` (who held the CPU, in which state it
@@ -74,6 +77,18 @@ impl OffCpu {
     }
 }
 
+/// A stretch of the scan thread's own work between two scans, timed by
+/// the agent (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnWork {
+    /// When it began.
+    pub begin_ns: u64,
+    /// When it ended.
+    pub end_ns: u64,
+    /// What it was, e.g. "publishing a snapshot".
+    pub what: &'static str,
+}
+
 /// A run-queue delay sample of the scanner from `/proc/<tid>/schedstat`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedSample {
@@ -120,6 +135,8 @@ pub struct Facts<'a> {
     pub producer_cpu: Option<u32>,
     /// Producer thread migrations during the storm: (ns, from, to).
     pub producer_migrations: &'a [(u64, u32, u32)],
+    /// The scan thread's own work between scans, chronological.
+    pub own_work: &'a [OwnWork],
 }
 
 /// Share of the longest scan gap that a runnable wait must cover to be the
@@ -129,6 +146,54 @@ const EXPLAINS: f64 = 0.5;
 const SIGNIFICANT_DELAY_NS: u64 = 500_000;
 /// A gap this many times the scanner's longest pause is overdue.
 const OVERDUE: f64 = 1.5;
+
+/// The agent's own work as the cause: the longest gap overlapping the
+/// storm is longer than the scanner's longest pause (the pause runs from
+/// a scan's end, so only work longer than the pause can stretch a gap),
+/// and work the agent timed fills at least [`EXPLAINS`] of it.
+fn agent_busy(storm: &StormReport, facts: &Facts<'_>, evidence: &mut Vec<String>) -> Option<Cause> {
+    let gap = storm.scan_gaps.first()?;
+    let (begin, end) = (gap.begin_mono_ns, gap.end_mono_ns);
+    let gap_ns = end.saturating_sub(begin);
+    if gap_ns <= facts.max_interval_ns {
+        return None;
+    }
+    let within: Vec<(u64, &OwnWork)> = facts
+        .own_work
+        .iter()
+        .filter(|w| w.end_ns > begin && w.begin_ns < end)
+        .map(|w| (w.end_ns.min(end) - w.begin_ns.max(begin), w))
+        .collect();
+    let busy_ns: u64 = within.iter().map(|&(ns, _)| ns).sum();
+    if (busy_ns as f64) < EXPLAINS * gap_ns as f64 {
+        return None;
+    }
+    let &(longest_ns, longest) = within.iter().max_by_key(|&&(ns, _)| ns)?;
+    for &(ns, work) in &within {
+        evidence.push(format!("the scan thread spent {} {}", ms(ns), work.what));
+    }
+    evidence.push(format!(
+        "{} of the {} between two scans was the agent's own work",
+        ms(busy_ns),
+        ms(gap_ns)
+    ));
+    Some(Cause {
+        kind: "agent_busy".into(),
+        summary: format!(
+            "the agent's scan thread spent {} {} instead of scanning, and the ring filled",
+            ms(longest_ns),
+            longest.what
+        ),
+        // The agent timed its own work: nothing is inferred.
+        confidence: "high".into(),
+        evidence: std::mem::take(evidence),
+        interval: Some(Interval {
+            begin_mono_ns: longest.begin_ns.max(begin),
+            end_mono_ns: longest.end_ns.min(end),
+        }),
+        culprit: None,
+    })
+}
 
 /// The verdict for `storm`.
 pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
@@ -371,6 +436,9 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             interval: None,
             culprit: None,
         };
+    }
+    if let Some(cause) = agent_busy(storm, facts, &mut evidence) {
+        return cause;
     }
     // The scanner ran and paused as configured. Was the pause the problem,
     // or would even back-to-back scans have lost?
@@ -710,6 +778,63 @@ mod tests {
         f.max_interval_ns = 10 * MS;
         let cause = diagnose(&s, &f);
         assert_eq!(cause.kind, "scan_interval_too_long");
+    }
+
+    #[test]
+    fn a_gap_filled_by_the_agents_own_work_is_agent_busy() {
+        let s = storm(1000 * MS, 1100 * MS, 40_000, (990 * MS, 1100 * MS));
+        let mut f = facts(&[], &[(980 * MS, 990 * MS), (1100 * MS, 1101 * MS)]);
+        f.max_interval_ns = 10 * MS;
+        let work = [
+            OwnWork {
+                begin_ns: 991 * MS,
+                end_ns: 1060 * MS,
+                what: "publishing a snapshot",
+            },
+            OwnWork {
+                begin_ns: 1060 * MS,
+                end_ns: 1070 * MS,
+                what: "attaching segments",
+            },
+            // Outside the gap: not counted.
+            OwnWork {
+                begin_ns: 900 * MS,
+                end_ns: 980 * MS,
+                what: "attaching segments",
+            },
+        ];
+        f.own_work = &work;
+        let cause = diagnose(&s, &f);
+        assert_eq!(
+            (cause.kind.as_str(), cause.confidence.as_str()),
+            ("agent_busy", "high"),
+            "{cause:?}"
+        );
+        assert!(
+            cause.summary.contains("69.000 ms publishing a snapshot"),
+            "{}",
+            cause.summary
+        );
+        assert!(
+            cause
+                .evidence
+                .iter()
+                .any(|e| e.contains("79.000 ms of the 110.000 ms")),
+            "{:?}",
+            cause.evidence
+        );
+        assert_eq!(
+            cause.interval.map(|i| (i.begin_mono_ns, i.end_mono_ns)),
+            Some((991 * MS, 1060 * MS))
+        );
+        // Work filling less than half of the gap leaves it unexplained.
+        let little = [OwnWork {
+            begin_ns: 991 * MS,
+            end_ns: 1040 * MS,
+            what: "publishing a snapshot",
+        }];
+        f.own_work = &little;
+        assert_eq!(diagnose(&s, &f).kind, "scanner_stalled");
     }
 
     #[test]

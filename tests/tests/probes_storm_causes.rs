@@ -32,7 +32,10 @@
 //! In the burst tests the agent's scan thread runs `SCHED_FIFO` (priority
 //! 20, below the hog's 50), so that it is unhindered whatever else loads
 //! the host: otherwise the scanner really does wait on a runqueue now and
-//! then, and `scanner_preempted` would be the right verdict.
+//! then, and `scanner_preempted` would be the right verdict. What `SCHED_FIFO`
+//! cannot rule out (the hypervisor stopping the scanner's virtual CPU) is
+//! recognised by its verdict and the burst staged again, at most three
+//! times (see `stage_unhindered_burst`).
 //!
 //! The probe tests need root and the probes; they are never skipped when
 //! the test runs as root or `SUBETHA_REQUIRE_PROBES=1` (CI): a probe that
@@ -754,6 +757,47 @@ fn burst_flood_args() -> Vec<&'static str> {
 }
 
 /// The burst storms: every storm of the flood is a producer burst.
+/// Attempts at staging a burst with the scanner unhindered.
+const BURST_ATTEMPTS: usize = 3;
+
+/// Stages the burst until the scanner was unhindered in a run, at most
+/// [`BURST_ATTEMPTS`] times, and checks that run's verdicts.
+///
+/// A `SCHED_FIFO` scanner alone on its CPU can still be kept from scanning
+/// by what the test does not control: the hypervisor stopping its virtual
+/// CPU (this VM loses about 0.5% of its time to steal; a 2.3 ms "sleep" of
+/// the scanner with a 1 ms pause was seen), or a lock it shares with a
+/// thread of this process. A run whose storms carry evidence of that (a
+/// verdict of `scanner_blocked` or `scanner_preempted`, from the kernel's
+/// events or the scanner's schedstat) did not stage what this test is
+/// about, and is staged again; any other verdict is checked, and a run
+/// blamed on the agent's own stall (`scanner_stalled`, `agent_busy`) fails
+/// at once.
+fn stage_unhindered_burst(test: &str, probes: ProbeMode, confidence: &str) {
+    for attempt in 1..=BURST_ATTEMPTS {
+        let staged = stage_with(test, probes, &burst_flood_args(), false, true);
+        let hindered: Vec<String> = storms_of(&staged.snapshot, staged.pid)
+            .into_iter()
+            .filter(|storm| {
+                storm
+                    .cause
+                    .as_ref()
+                    .is_some_and(|c| matches!(c.kind.as_str(), "scanner_blocked" | "scanner_preempted"))
+            })
+            .map(describe)
+            .collect();
+        if hindered.is_empty() {
+            check_burst(test, &staged, confidence);
+            return;
+        }
+        eprintln!(
+            "{test}: attempt {attempt} of {BURST_ATTEMPTS}: the scanner was hindered, staging again:\n  {}",
+            hindered.join("\n  ")
+        );
+    }
+    panic!("{test}: the scanner was hindered in all {BURST_ATTEMPTS} attempts (see above)");
+}
+
 fn check_burst(test: &str, staged: &Staged, confidence: &str) {
     assert!(
         staged.truth.dropped > 0,
@@ -783,8 +827,7 @@ fn probes_burst_with_an_unhindered_scanner_is_a_producer_burst() {
     if !fifo_possible(TEST) {
         return;
     }
-    let staged = stage_with(TEST, ProbeMode::On, &burst_flood_args(), false, true);
-    check_burst(TEST, &staged, "high");
+    stage_unhindered_burst(TEST, ProbeMode::On, "high");
 }
 
 #[test]
@@ -794,6 +837,5 @@ fn probes_off_burst_is_still_a_producer_burst() {
     if !fifo_possible(TEST) {
         return;
     }
-    let staged = stage_with(TEST, ProbeMode::Off, &burst_flood_args(), false, true);
-    check_burst(TEST, &staged, "low");
+    stage_unhindered_burst(TEST, ProbeMode::Off, "low");
 }
