@@ -49,7 +49,10 @@
 //!    below [`AdaptiveConfig::min_contention_rate`]: then spinning does not
 //!    matter; the budget is left alone and a new window starts.
 //! 2. Hold time: the p90 of the window's sampled `unlock` hold times, once
-//!    there are [`AdaptiveConfig::min_hold_samples`] of them; if a window of
+//!    there are [`AdaptiveConfig::min_hold_samples`] of them (an adaptive
+//!    lock's sample is the critical section alone: from once the lock is
+//!    taken to just before the release, where a plain [`Mutex`]'s includes
+//!    the atomic operations at both ends); if a window of
 //!    [`AdaptiveConfig::max_quiet_window`] acquisitions brings none
 //!    (sampling turned off), the p50 of the contended waits stands in.
 //! 3. A hold time under [`AdaptiveConfig::yield_below_hold_ns`]: wait like

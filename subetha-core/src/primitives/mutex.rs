@@ -594,8 +594,9 @@ impl RawMutex {
     /// bytes the `lock bts` had just written cost ~3 ns (a lock+unlock
     /// microbenchmark: 17.3–19.7 ns with it, 14.7–16.3 without it,
     /// 15.8–16.6 reading the next byte instead; `parking_lot` 15.5–16.1),
-    /// and a two-thread hammer ran at 78% of `parking_lot` with it, 96%
-    /// without it. A parker counts itself before its Release
+    /// and a two-thread hammer of the unobserved lock ran at 78% of
+    /// `parking_lot` with it, 96% with no check at all, 88–90% reading
+    /// `parkers`. A parker counts itself before its Release
     /// compare-and-swap sets PARKED_BIT, and this `lock bts` is an Acquire
     /// in that word's release sequence, so a `lock` that finds the bit set
     /// finds the count too. A count that reads 0 anyway (256 parkers, or a
