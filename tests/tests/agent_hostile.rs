@@ -57,18 +57,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// This process's descriptors, but for directories under `/proc` (the
-/// agent's `/proc` walker holds one open while it walks, on a thread of its
-/// own, so whether one is open depends on when this looks).
 fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |dir| {
-        dir.flatten()
-            .filter(|entry| {
-                let target = std::fs::read_link(entry.path()).unwrap_or_default();
-                !(target.starts_with("/proc") && target.is_dir())
-            })
-            .count()
-    })
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
 fn subetha_mappings() -> usize {
@@ -194,7 +184,13 @@ fn hostile_segments_are_refused_once_each_and_the_rest_served() {
     assert!(no_control(&names.comm));
 
     // Bounded: no descriptor, mapping or memory growth over 300 rounds.
-    assert_eq!(fds_after, fds_before, "descriptors leak per discovery round");
+    // The agent's /proc walker, on a thread of its own, holds one directory
+    // open while it walks, whenever this looks: one descriptor either way;
+    // a leak per round would be hundreds.
+    assert!(
+        fds_after.abs_diff(fds_before) <= 1,
+        "descriptors leak per discovery round: {fds_before} → {fds_after}"
+    );
     assert_eq!(maps_after, maps_before, "mappings leak per discovery round");
     assert_eq!(maps_after, 4, "one mapping per served segment");
     let growth = rss_after.saturating_sub(rss_before);
