@@ -399,6 +399,13 @@ impl RawRwLock {
     #[inline(always)]
     fn acquired_shared(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
         self.remember_shared_hold();
+        self.leave_read_record(op, flags, latency, ticket, now);
+    }
+
+    /// [`acquired_shared`](Self::acquired_shared) after
+    /// [`remember_shared_hold`](Self::remember_shared_hold).
+    #[inline(always)]
+    fn leave_read_record(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
         let hold_start = ticket.hold_start(now);
         if op != op::READ || flags != 0 || hold_start != 0 {
             self.record_read(
@@ -451,25 +458,25 @@ impl RawRwLock {
     /// The caller holds a shared lock.
     #[inline(always)]
     unsafe fn end_read_hold(&self, fair: bool) {
+        // Released first: what the release reports is on this thread.
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { self.release_shared(fair) };
         if Reads.held() == 0 {
             let (last, last_counts) = LAST_READ.with(Cell::get);
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.release_shared(fair) };
             if last == self.addr() {
-                // SAFETY: this thread holds this lock shared (so the lock
-                // is alive), and it took that hold itself (read guards
-                // are not `Send`): every shared acquisition, observed or
-                // not, waited or not, leaves `LAST_READ` with the
-                // acquiring lock's address and counts, so a `LAST_READ`
-                // naming this address was left by this lock, whose counts
-                // live as long as it does.
+                // SAFETY: the lock is alive (the caller's borrow of it
+                // lasts through this call), and this thread took the hold
+                // just released itself (read guards are not `Send`): every
+                // shared acquisition, observed or not, waited or not,
+                // leaves `LAST_READ` with the acquiring lock's address and
+                // counts, so a `LAST_READ` naming this address was left by
+                // this lock, whose counts live as long as it does.
                 self.count(unsafe { last_counts.as_ref() }, op::READ);
             } else {
                 self.count(self.counts(), op::READ);
             }
         } else {
-            // SAFETY: forwarded: the caller holds a shared lock.
-            unsafe { self.end_recorded_read_hold(fair) };
+            self.report_recorded_read_hold();
         }
     }
 
@@ -488,18 +495,12 @@ impl RawRwLock {
         }
     }
 
-    /// [`end_read_hold`](Self::end_read_hold) while this thread has
-    /// records, perhaps of this hold.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds a shared lock.
+    /// The report of [`end_read_hold`](Self::end_read_hold), after the
+    /// release, while this thread has records, perhaps of this hold.
     #[cold]
     #[inline(never)]
-    unsafe fn end_recorded_read_hold(&self, fair: bool) {
+    fn report_recorded_read_hold(&self) {
         let record = Reads.take(self.addr());
-        // SAFETY: forwarded: the caller holds a shared lock.
-        unsafe { self.release_shared(fair) };
         let counts = self.counts();
         let Some(record) = record else {
             self.count(counts, op::READ);
@@ -743,8 +744,13 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     #[inline(always)]
     fn lock_shared(&self) {
         let ticket = self.ticket();
+        // Remembered before the hold: between the acquisition's atomic
+        // operation and the release's, the other reader's next attempt
+        // can take the lock word's line away, and the release waits for
+        // it back.
+        self.remember_shared_hold();
         if self.inner.try_lock_shared() {
-            self.acquired_shared(op::READ, 0, 0, ticket, 0);
+            self.leave_read_record(op::READ, 0, 0, ticket, 0);
         } else {
             self.wait_for(op::READ, false, ticket, |inner| inner.lock_shared());
         }
@@ -900,8 +906,13 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     #[inline]
     fn lock_shared_recursive(&self) {
         let ticket = self.ticket();
+        // Remembered before the hold: between the acquisition's atomic
+        // operation and the release's, the other reader's next attempt
+        // can take the lock word's line away, and the release waits for
+        // it back.
+        self.remember_shared_hold();
         if self.inner.try_lock_shared_recursive() {
-            self.acquired_shared(op::READ, 0, 0, ticket, 0);
+            self.leave_read_record(op::READ, 0, 0, ticket, 0);
         } else {
             self.wait_for(op::READ, false, ticket, |inner| inner.lock_shared_recursive());
         }
