@@ -36,6 +36,11 @@ pub mod observation;
 mod op_counts;
 #[cfg(not(loom))]
 pub mod primitives;
+/// And the reader-bias handshake, for `reader_bias::loom_tests`.
+#[cfg(loom)]
+#[path = "primitives/reader_bias.rs"]
+#[allow(dead_code)]
+mod reader_bias;
 pub mod ring;
 mod sync;
 

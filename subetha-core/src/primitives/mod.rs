@@ -121,6 +121,7 @@ pub mod condvar;
 pub(crate) mod held;
 pub mod mutex;
 pub mod op_counts;
+pub(crate) mod reader_bias;
 pub mod rwlock;
 pub mod semaphore;
 #[cfg(feature = "tokio")]
