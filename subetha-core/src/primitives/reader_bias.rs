@@ -344,24 +344,39 @@ mod process {
         true
     }
 
-    /// How long a revoking writer waits for a reader: spins, then yields,
-    /// then sleeps in short naps (a reader may hold the lock for long).
-    pub(crate) struct RevokeWait(Backoff, u32);
+    /// How a revoking writer waits for a reader to leave its slot: spins,
+    /// then yields (a reader that was preempted inside gets the CPU back
+    /// soonest that way on a busy host), then naps, for a reader that
+    /// holds the lock for long. Readers do not wake writers: their release
+    /// stays one store.
+    pub(crate) struct RevokeWait {
+        backoff: Backoff,
+        yields: u32,
+    }
 
     impl RevokeWait {
+        /// Yields before the naps begin (about a millisecond's worth).
+        const YIELDS: u32 = 1024;
+        /// One nap. (A sleep that short lasts the thread's timer slack,
+        /// 50 µs by default.)
+        const NAP: std::time::Duration = std::time::Duration::from_micros(50);
+
         pub(crate) fn new() -> Self {
-            Self(Backoff::new(), 0)
+            Self {
+                backoff: Backoff::new(),
+                yields: 0,
+            }
         }
 
         pub(crate) fn wait(&mut self) {
-            if !self.0.is_completed() {
-                self.0.snooze();
-                return;
+            if !self.backoff.is_completed() {
+                self.backoff.snooze();
+            } else if self.yields < Self::YIELDS {
+                self.yields += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Self::NAP);
             }
-            // Up to 50 µs: a writer that has waited this long for a reader
-            // loses at most that much after it leaves.
-            self.1 = (self.1 * 2).clamp(1, 50);
-            std::thread::sleep(std::time::Duration::from_micros(u64::from(self.1)));
         }
     }
 
