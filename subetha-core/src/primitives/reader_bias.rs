@@ -36,10 +36,13 @@
 //! but models SeqCst fences, so under loom each side also issues the
 //! fence that SeqCst implies.)
 //!
-//! A thread holds at most one lock through its slot; further shared holds
-//! (another lock, or the same lock again) go through the lock word. The
-//! releases of one thread's shared holds of one lock are interchangeable,
-//! so whichever comes first frees the slot.
+//! A thread holds at most one lock through its slot. Further shared holds
+//! of that lock only count in a thread-local depth (so a recursive read
+//! never waits on the word behind a writer that is waiting for this very
+//! slot: found by a stress test that hung); holds of other locks go
+//! through their words. The releases of one thread's shared holds of one
+//! lock are interchangeable, so the slot is freed by whichever comes
+//! last.
 //!
 //! # What it costs writers
 //!
@@ -259,6 +262,10 @@ mod process {
         /// The slot `SLOT_HELD` holds, or [`UNCLAIMED`] / [`NO_SLOT`]: a
         /// copy without a destructor, one load on the read path.
         static READER_SLOT: Cell<u16> = const { Cell::new(UNCLAIMED) };
+        /// Shared holds of the lock in this thread's slot beyond the first
+        /// (a recursive read must not wait behind a writer that waits for
+        /// this thread's slot).
+        static SLOT_DEPTH: Cell<u32> = const { Cell::new(0) };
         /// Gives the slot back when the thread exits.
         static SLOT_HELD: HeldSlot = HeldSlot(SLOTS.claim());
     }
@@ -310,16 +317,36 @@ mod process {
     }
 
     /// Tries to take `lock` shared through this thread's slot while its
-    /// `bias` is set. Refused when the thread has no slot or already holds
-    /// a lock through it.
+    /// `bias` is set: a first hold enters, a further hold of the lock
+    /// already in the slot only counts. Refused when the thread has no
+    /// slot or holds another lock through it.
     #[inline(always)]
     pub(crate) fn try_enter(lock: usize, bias: &AtomicBool) -> bool {
-        match my_slot() {
-            // Only this thread stores to its slot, except a dropped lock
-            // clearing what a leaked guard left, which makes it 0.
-            Some(slot) if slot.load(Ordering::Relaxed) == 0 => super::enter(slot, lock, bias),
+        let Some(slot) = my_slot() else {
+            return false;
+        };
+        // Only this thread stores to its slot, except a dropped lock
+        // clearing what a leaked guard left, which makes it 0.
+        match slot.load(Ordering::Relaxed) {
+            0 => super::enter(slot, lock, bias),
+            held if held == lock => {
+                SLOT_DEPTH.with(|depth| depth.set(depth.get() + 1));
+                true
+            }
             _ => false,
         }
+    }
+
+    /// A further shared hold of `lock` if this thread already holds it
+    /// through its slot, whatever the bias: a revoking writer waits for
+    /// the slot anyway, and a recursive read must not wait for it.
+    #[inline(always)]
+    pub(crate) fn reenter(lock: usize) -> bool {
+        if !holds(lock) {
+            return false;
+        }
+        SLOT_DEPTH.with(|depth| depth.set(depth.get() + 1));
+        true
     }
 
     /// Whether this thread holds `lock` shared through its slot.
@@ -340,8 +367,20 @@ mod process {
         if slot.load(Ordering::Relaxed) != lock {
             return false;
         }
-        super::leave(slot);
+        let depth = SLOT_DEPTH.with(Cell::get);
+        if depth == 0 {
+            super::leave(slot);
+        } else {
+            SLOT_DEPTH.with(|cell| cell.set(depth - 1));
+        }
         true
+    }
+
+    /// Ends this thread's only shared hold of `lock` through its slot;
+    /// false (and nothing done) if it holds it there more than once or
+    /// not at all.
+    pub(crate) fn leave_last(lock: usize) -> bool {
+        SLOT_DEPTH.with(Cell::get) == 0 && leave_if_held(lock)
     }
 
     /// How a revoking writer waits for a reader to leave its slot: spins,
@@ -420,6 +459,14 @@ mod process {
             assert!(try_enter(lock, &bias));
             assert!(any_reader_of(lock));
             assert!(!try_enter(0x2000, &bias), "a second lock through the same slot");
+            // Further holds of the same lock count, biased or not.
+            assert!(try_enter(lock, &bias));
+            bias.store(false, Ordering::SeqCst);
+            assert!(reenter(lock));
+            assert!(!reenter(0x2000));
+            assert!(!leave_last(lock), "left with two more holds out");
+            assert!(leave_if_held(lock) && leave_if_held(lock));
+            assert!(any_reader_of(lock), "the first hold still holds the slot");
             assert!(!leave_if_held(0x2000), "left a lock it never entered");
             assert!(leave_if_held(lock));
             assert!(!any_reader_of(lock));

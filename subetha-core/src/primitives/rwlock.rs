@@ -65,8 +65,10 @@
 //! written often behaves like `parking_lot`'s. (Two threads hammering
 //! `read()` ran at 4–6× `parking_lot`'s throughput with the bias, 75–89%
 //! without; reads and writes mixed one in eight did not move beyond the
-//! noise.) A thread holds at most one lock through its slot; its other
-//! shared holds go through the word as before.
+//! noise.) A thread holds at most one lock through its slot (further
+//! holds of that lock count there, so a recursive read never waits for a
+//! writer that waits for it); its holds of other locks go through their
+//! words as before.
 //!
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) is never
 //! biased and reads no clock even when it waits.
@@ -494,6 +496,15 @@ impl RawRwLock {
     #[inline(always)]
     fn read_biased(&self, counts: *const OpCounts<2>) -> bool {
         self.bias.load(Ordering::Relaxed) && reader_bias::try_enter(counts.addr(), &self.bias)
+    }
+
+    /// [`read_biased`](Self::read_biased) for a recursive read: also a
+    /// further hold of a lock this thread holds through its slot while a
+    /// writer revokes the bias (through the word it would wait for that
+    /// writer, which waits for this thread).
+    #[inline(always)]
+    fn read_biased_recursive(&self, counts: *const OpCounts<2>) -> bool {
+        !counts.is_null() && (reader_bias::reenter(counts.addr()) || self.read_biased(counts))
     }
 
     /// After a shared acquisition through the lock word: biases the lock
@@ -1062,14 +1073,17 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
     }
 
     /// The hold's record (on this thread) stays with it. A hold through
-    /// the thread's reader slot yields only to a writer revoking the bias:
-    /// it leaves the slot and waits on the word.
+    /// the thread's reader slot yields only to a writer revoking the bias,
+    /// and only if it is the thread's one hold there: it leaves the slot
+    /// and waits on the word.
     #[inline]
     unsafe fn bump_shared(&self) {
         let counts = self.counts_ptr();
         if !counts.is_null() && reader_bias::holds(counts.addr()) {
-            if !self.bias.load(Ordering::Relaxed) && reader_bias::leave_if_held(counts.addr()) {
-                self.inner.lock_shared();
+            // Recursive: if this thread also holds the word, a writer
+            // waiting for it must not hold this one up.
+            if !self.bias.load(Ordering::Relaxed) && reader_bias::leave_last(counts.addr()) {
+                self.inner.lock_shared_recursive();
             }
             return;
         }
@@ -1170,7 +1184,7 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
         // can take the lock word's line away, and the release waits for
         // it back.
         let counts = self.remember_shared_hold();
-        if self.read_biased(counts) {
+        if self.read_biased_recursive(counts) {
             self.leave_read_record(op::READ, 0, 0, ticket, 0);
         } else if self.inner.try_lock_shared_recursive() {
             self.rebias_if_due(ticket);
@@ -1183,7 +1197,8 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     #[inline]
     fn try_lock_shared_recursive(&self) -> bool {
         let ticket = Ticket::REPORTED;
-        let acquired = self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared_recursive();
+        let acquired =
+            self.read_biased_recursive(self.counts_ptr()) || self.inner.try_lock_shared_recursive();
         self.try_shared(op::TRY_READ, ticket, acquired)
     }
 }
@@ -1193,7 +1208,7 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
     fn try_lock_shared_recursive_for(&self, timeout: Duration) -> bool {
         let ticket = Ticket::REPORTED;
-        if self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
+        if self.read_biased_recursive(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
         self.timed(op::TRY_READ, false, ticket, |inner| {
@@ -1204,7 +1219,7 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
     fn try_lock_shared_recursive_until(&self, timeout: Instant) -> bool {
         let ticket = Ticket::REPORTED;
-        if self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
+        if self.read_biased_recursive(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
             return self.try_shared(op::TRY_READ, ticket, true);
         }
         self.timed(op::TRY_READ, false, ticket, |inner| {
@@ -1736,14 +1751,13 @@ mod tests {
         let again = a.read_recursive();
         let other = b.read();
         assert!(read_through_a_slot(&a));
-        assert!(a.raw().inner.is_locked(), "the second hold went through the word");
+        assert!(!a.raw().inner.is_locked(), "the second hold counts in the slot");
         assert!(b.raw().inner.is_locked(), "another lock went through its word");
-        // Released in acquisition order: the first release frees the slot,
-        // the second the word.
+        // Either release may come first; the slot is free after both.
         drop(first);
-        assert!(!read_through_a_slot(&a));
-        assert!(a.raw().inner.is_locked());
+        assert!(read_through_a_slot(&a), "one hold is still out");
         blocked_until_dropped(&a, again, |l| *l.write() += 1);
+        assert!(!read_through_a_slot(&a));
         drop(other);
         assert!(!b.is_locked());
     }
@@ -1776,6 +1790,112 @@ mod tests {
         }
         let (a, b) = *l.read();
         assert_eq!((a, b), (5_000, 5_000));
+    }
+
+    /// A thread that holds a biased read takes it again recursively while
+    /// a writer is revoking the bias and waiting for that thread's slot:
+    /// through the word it would wait for the writer, which waits for it.
+    #[test]
+    fn a_recursive_read_does_not_wait_for_a_writer_that_waits_for_it() {
+        let l = Arc::new(RwLock::named(&unique("rwlock-bias-recursive"), 0u64));
+        assert!(biased_after_a_read(&l));
+        let outer = l.read();
+        assert!(read_through_a_slot(&l));
+        let writer = std::thread::spawn({
+            let l = Arc::clone(&l);
+            move || *l.write() += 1
+        });
+        // The writer holds the word and has revoked the bias.
+        while l.raw().bias.load(Ordering::Relaxed) || !l.raw().inner.is_locked_exclusive() {
+            std::thread::yield_now();
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::scope(|_| {
+            let inner = l.read_recursive();
+            let again = l.try_read_recursive().expect("a further hold of the slot's lock");
+            done_tx.send(()).unwrap();
+            (*inner, *again)
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the recursive read waited for the writer");
+        assert_eq!(reader, (0, 0));
+        assert!(read_through_a_slot(&l), "the first hold still holds the slot");
+        drop(outer);
+        writer.join().unwrap();
+        assert_eq!(*l.read(), 1);
+    }
+
+    /// Every way in, on four threads at once, while the bias comes and
+    /// goes: a writer (however it got the lock) changes two halves
+    /// together, and no reader (however it got in) sees them differ.
+    #[test]
+    fn every_acquisition_excludes_writers_while_the_bias_comes_and_goes() {
+        let l = Arc::new(RwLock::named(&unique("rwlock-bias-every"), (0u64, 0u64)));
+        let write = |w: &mut (u64, u64)| {
+            w.0 += 1;
+            std::hint::black_box(&mut *w);
+            w.1 += 1;
+        };
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let l = Arc::clone(&l);
+                std::thread::spawn(move || {
+                    let mut writes = 0u64;
+                    for i in 0..10_000u64 {
+                        let check = |r: &(u64, u64)| assert_eq!(r.0, r.1, "a reader saw half a write");
+                        match (i * 7 + t) % 23 {
+                            0 => {
+                                write(&mut l.write());
+                                writes += 1;
+                            }
+                            1 => {
+                                if let Some(mut w) = l.try_write() {
+                                    write(&mut w);
+                                    writes += 1;
+                                }
+                            }
+                            2 => {
+                                if let Some(mut w) = l.try_write_for(Duration::from_micros(50)) {
+                                    write(&mut w);
+                                    writes += 1;
+                                }
+                            }
+                            3 => {
+                                let up = l.upgradable_read();
+                                check(&up);
+                                write(&mut RwLockUpgradableReadGuard::upgrade(up));
+                                writes += 1;
+                            }
+                            4 => {
+                                let up = l.upgradable_read();
+                                if let Ok(mut w) = RwLockUpgradableReadGuard::try_upgrade(up) {
+                                    write(&mut w);
+                                    writes += 1;
+                                }
+                            }
+                            5 => check(&l.read_recursive()),
+                            6 => {
+                                if let Some(r) = l.try_read() {
+                                    check(&r);
+                                }
+                            }
+                            7 => {
+                                let outer = l.read();
+                                let inner = l.read_recursive();
+                                check(&outer);
+                                drop(outer);
+                                check(&inner);
+                            }
+                            _ => check(&l.read()),
+                        }
+                    }
+                    writes
+                })
+            })
+            .collect();
+        let writes: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(*l.read(), (writes, writes));
     }
 
     #[test]
