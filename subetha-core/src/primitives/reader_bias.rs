@@ -16,12 +16,13 @@
 //!   lock and gives it back when it exits; only it stores to that slot
 //!   (besides a dropped lock clearing what a leaked guard left there).
 //! * A lock has a *bias* flag. While it is set, a `read` stores the lock's
-//!   address into the thread's slot, then checks the flag again
+//!   name (an address only it uses) into the thread's slot, then checks
+//!   the flag again
 //!   ([`enter`]); if still set, the thread holds the lock shared without
 //!   touching the lock word, and its release stores 0 into the slot.
 //! * A writer first takes the lock word exclusively, as without bias, so
 //!   no new reader gets in through the word. If the bias is set it clears
-//!   it, then waits until no slot holds the lock's address ([`revoke`]).
+//!   it, then waits until no slot holds the lock's name ([`revoke`]).
 //!   Readers arriving meanwhile see the flag clear and go through the word.
 //! * The flag is set again only by a reader that holds the lock word
 //!   shared, so never while a writer holds the lock.
@@ -46,9 +47,9 @@
 //!
 //! # What it costs writers
 //!
-//! A revocation reads every slot claimed so far (one line per thread that
-//! ever read a biased lock, while it lives) and waits for the readers it
-//! finds. The lock then stays unbiased for a while (see [`BiasPolicy`]),
+//! A revocation reads the slots up to the highest ever claimed (one line
+//! each, about as many as the most threads that read biased locks at
+//! once) and waits for the readers it finds. The lock then stays unbiased for a while (see [`BiasPolicy`]),
 //! so a lock that is written often reads through its word like
 //! `parking_lot`'s.
 
