@@ -624,26 +624,19 @@ fn cases() -> Vec<Case> {
         Channel::<u64>::named("bench_channel_turns", CHANNEL_CAPACITY)
     }));
     for (shape, producers, consumers) in [("spsc", 1, 1), ("mpmc", 2, 2)] {
-        cases.push(Case {
-            group: "channel",
-            id: format!("crossbeam/{shape}"),
-            set: shape.to_owned(),
-            run: Box::new(move |budget| {
-                drive_channel(producers, consumers, budget, || {
-                    crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
-                })
-            }),
-        });
-        cases.push(Case {
-            group: "channel",
-            id: format!("{SAME_AGAIN}/{shape}"),
-            set: shape.to_owned(),
-            run: Box::new(move |budget| {
-                drive_channel(producers, consumers, budget, || {
-                    crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
-                })
-            }),
-        });
+        // The baseline, then its control.
+        for id in ["crossbeam", SAME_AGAIN] {
+            cases.push(Case {
+                group: "channel",
+                id: format!("{id}/{shape}"),
+                set: shape.to_owned(),
+                run: Box::new(move |budget| {
+                    drive_channel(producers, consumers, budget, || {
+                        crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
+                    })
+                }),
+            });
+        }
         let name = format!("bench_channel_{shape}");
         cases.push(Case {
             group: "channel",

@@ -183,13 +183,9 @@ struct Ticket {
 impl Ticket {
     /// The ticket of an acquisition reported on its own (a `try_*`, a
     /// timed one, an upgrade): it pays no draw, and its hold is sampled
-    /// by [`RawRwLock::sample_reported`].
+    /// by [`RawRwLock::sample_reported`]. Also the ticket of an
+    /// acquisition with no draw due.
     const REPORTED: Ticket = Ticket {
-        start: 0,
-        rebias: false,
-    };
-    /// No draw due.
-    const PLAIN: Ticket = Ticket {
         start: 0,
         rebias: false,
     };
@@ -384,7 +380,7 @@ impl RawRwLock {
         if weight != 0 {
             self.drawn_ticket(weight)
         } else {
-            Ticket::PLAIN
+            Ticket::REPORTED
         }
     }
 
@@ -399,7 +395,7 @@ impl RawRwLock {
         if self.observed.is_none() {
             // Nothing to sample; its counts schedule no draws.
             RW_HOLD_DRAW.with(|draw| draw.set(0));
-            return Ticket::PLAIN;
+            return Ticket::REPORTED;
         }
         let mask = self.sampler.mask();
         let fine = mask != Sampler::OFF && u64::from(mask) < BATCH - 1;
@@ -575,36 +571,39 @@ impl RawRwLock {
     }
 
     /// [`exclude_biased_readers`](Self::exclude_biased_readers) for an
-    /// acquisition that may fail: lets the word go again when a reader is
-    /// still inside at `deadline`.
+    /// acquisition that may fail: when a reader is still inside at
+    /// `deadline`, gives the exclusive hold back, to the upgradable hold
+    /// it came from if `upgraded`, else by unlocking the word.
     ///
     /// # Safety
     ///
-    /// The caller holds the word exclusively.
+    /// The caller holds the word exclusively (through an upgrade if
+    /// `upgraded`).
     #[inline(always)]
-    unsafe fn excluded_or_unlocked(&self, deadline: Revocation) -> bool {
+    unsafe fn excluded_or_given_back(&self, deadline: Revocation, upgraded: bool) -> bool {
         if self.exclude_biased_readers(deadline).is_ok() {
             return true;
         }
-        // SAFETY: forwarded: the caller holds the word exclusively.
-        unsafe { self.inner.unlock_exclusive() };
+        // SAFETY: forwarded.
+        unsafe {
+            if upgraded {
+                self.inner.downgrade_to_upgradable();
+            } else {
+                self.inner.unlock_exclusive();
+            }
+        }
         false
     }
 
-    /// As [`excluded_or_unlocked`](Self::excluded_or_unlocked) after an
-    /// upgrade: goes back to the upgradable hold on failure.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the word exclusively, through an upgrade.
+    /// After a blocking `op` took the word at once: waits for the biased
+    /// readers, and reports the acquisition as contended if any were
+    /// inside (with that wait), else as immediate.
     #[inline(always)]
-    unsafe fn excluded_or_downgraded(&self, deadline: Revocation) -> bool {
-        if self.exclude_biased_readers(deadline).is_ok() {
-            return true;
+    fn exclude_then_report(&self, op: u16, ticket: Ticket) {
+        match self.exclude_biased_readers(Revocation::Wait) {
+            Ok(0) => self.acquired_exclusive(op, 0, 0, ticket, 0),
+            waited => self.acquired_exclusive(op, CONTENDED, waited.unwrap_or(1), ticket, 0),
         }
-        // SAFETY: forwarded: the caller holds the word exclusively.
-        unsafe { self.inner.downgrade_to_upgradable() };
-        false
     }
 
     /// A `try_write`'s acquisition: the word if free, and no biased reader
@@ -612,7 +611,7 @@ impl RawRwLock {
     #[inline(always)]
     fn try_write_now(&self) -> bool {
         // SAFETY: `try_lock_exclusive` just took the word exclusively.
-        self.inner.try_lock_exclusive() && unsafe { self.excluded_or_unlocked(Revocation::Now) }
+        self.inner.try_lock_exclusive() && unsafe { self.excluded_or_given_back(Revocation::Now, false) }
     }
 
     /// A timed `try_write` once its immediate attempt failed: waits for
@@ -622,7 +621,7 @@ impl RawRwLock {
             // SAFETY: a successful `try_lock_exclusive_until` holds the
             // word exclusively.
             inner.try_lock_exclusive_until(deadline)
-                && unsafe { self.excluded_or_unlocked(Revocation::Until(deadline)) }
+                && unsafe { self.excluded_or_given_back(Revocation::Until(deadline), false) }
         })
     }
 
@@ -635,13 +634,14 @@ impl RawRwLock {
         let ticket = Ticket::REPORTED;
         // SAFETY: the caller holds an upgradable lock; a successful
         // `try_upgrade` holds the word exclusively.
-        if unsafe { self.inner.try_upgrade() && self.excluded_or_downgraded(Revocation::Now) } {
+        if unsafe { self.inner.try_upgrade() && self.excluded_or_given_back(Revocation::Now, true) } {
             return self.try_exclusive(op::UPGRADE, ticket, true);
         }
         self.timed(op::UPGRADE, true, ticket, |inner| match deadline {
             // SAFETY: as above, with `try_upgrade_until`.
             Some(deadline) => unsafe {
-                inner.try_upgrade_until(deadline) && self.excluded_or_downgraded(Revocation::Until(deadline))
+                inner.try_upgrade_until(deadline)
+                    && self.excluded_or_given_back(Revocation::Until(deadline), true)
             },
             None => {
                 // SAFETY: the caller holds an upgradable lock.
@@ -700,18 +700,16 @@ impl RawRwLock {
         // SAFETY: forwarded: the caller holds a shared lock.
         unsafe { self.release_shared(fair, counts) };
         if Reads.held() == 0 {
-            if last == self.addr() {
-                // SAFETY: the lock is alive (the caller's borrow of it
-                // lasts through this call), and this thread took the hold
-                // just released itself (read guards are not `Send`): every
-                // shared acquisition, observed or not, waited or not,
-                // leaves `LAST_READ` with the acquiring lock's address and
-                // counts, so a `LAST_READ` naming this address was left by
-                // this lock, whose counts live as long as it does.
-                self.count(unsafe { last_counts.as_ref() }, op::READ);
-            } else {
-                self.count(self.counts(), op::READ);
-            }
+            // SAFETY: `counts` is this lock's (or null), and the lock is
+            // alive (the caller's borrow of it lasts through this call).
+            // Read off the lock itself, that is plain; taken from
+            // `LAST_READ`, this thread took the hold just released itself
+            // (read guards are not `Send`), and every shared acquisition,
+            // observed or not, waited or not, leaves `LAST_READ` with the
+            // acquiring lock's address and counts, so a `LAST_READ`
+            // naming this address was left by this lock, whose counts
+            // live as long as it does.
+            self.count(unsafe { counts.as_ref() }, op::READ);
         } else {
             self.report_recorded_read_hold();
         }
@@ -1021,10 +1019,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     fn lock_exclusive(&self) {
         let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
-            match self.exclude_biased_readers(Revocation::Wait) {
-                Ok(0) => self.acquired_exclusive(op::WRITE, 0, 0, ticket, 0),
-                waited => self.acquired_exclusive(op::WRITE, CONTENDED, waited.unwrap_or(1), ticket, 0),
-            }
+            self.exclude_then_report(op::WRITE, ticket);
         } else {
             self.wait_for(op::WRITE, true, ticket, |_| {
                 self.exclusive_then_exclude(|inner| inner.lock_exclusive());
@@ -1261,10 +1256,7 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
         let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
         if unsafe { self.inner.try_upgrade() } {
-            match self.exclude_biased_readers(Revocation::Wait) {
-                Ok(0) => self.acquired_exclusive(op::UPGRADE, 0, 0, ticket, 0),
-                waited => self.acquired_exclusive(op::UPGRADE, CONTENDED, waited.unwrap_or(1), ticket, 0),
-            }
+            self.exclude_then_report(op::UPGRADE, ticket);
         } else {
             self.wait_for(op::UPGRADE, true, ticket, |_| {
                 // SAFETY: forwarded: the caller holds an upgradable lock.
@@ -1278,7 +1270,8 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
         let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock; a
         // successful `try_upgrade` holds the word exclusively.
-        let upgraded = unsafe { self.inner.try_upgrade() && self.excluded_or_downgraded(Revocation::Now) };
+        let upgraded =
+            unsafe { self.inner.try_upgrade() && self.excluded_or_given_back(Revocation::Now, true) };
         self.try_exclusive(op::UPGRADE, ticket, upgraded)
     }
 }
