@@ -6,9 +6,11 @@
 //! | `uncontended` | one `lock()` + guard drop on one thread |
 //! | `contended` `…/hammer/{2,4}` | one lock + increment + unlock, 2 or 4 threads hammering one lock with nothing else to do |
 //! | `contended` `…/50+100ns/{2,4}` | the same with 50 ns of busy work inside the lock and 100 ns outside |
+//! | `contended` `…/50+100ns-jitter/{2,4}` | the same with each length drawn from half to one and a half times its nominal (see `Pacing`) |
 //! | `rwlock` `…/read/{1,2,4}` | one `read()` of a `u64` + guard drop, 1, 2 or 4 threads on one lock |
 //! | `rwlock` `…/write/1` | one `write()` + increment + guard drop on one thread |
 //! | `rwlock` `…/mixed/{2,4}` | 50 ns of busy work under `read()`, every 8th operation under `write()` instead, and 100 ns outside |
+//! | `rwlock` `…/mixed-jitter/{2,4}` | the same jittered, the writes drawn 1 in 8 |
 //! | `channel` `…/turns` | one message sent and received by the same thread (capacity 1024): the operations' own cost |
 //! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
 //! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
@@ -17,8 +19,10 @@
 //! baseline of each comparison), `same_again` (the baseline's type again,
 //! another instance: the control, whose ratio shows how far identical code
 //! at another address reads from 100% on this host), `subetha` ([`Mutex`], [`RwLock`], [`Channel`]),
-//! `unobserved` (the wrapper without an instance: the same lock code, no
-//! ring pushes, nothing for the sidecar to drain), `adaptive`
+//! `unobserved` (the wrapper without an instance: the same lock or channel
+//! code, no ring pushes, nothing for the sidecar to drain),
+//! `parking_lot_call` (`rwlock` only: `parking_lot`'s lock with its read
+//! release out of line, a change that adds no work), `adaptive`
 //! ([`AdaptiveMutex`] with its built-in policy) and `fixed_spin` (the same
 //! lock with a pinned 16 µs spin budget).
 //!
@@ -48,9 +52,10 @@
 //! median within a few % in one run; between runs, the regime a
 //! two-thread workload falls into can still move it further), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
 //! ns), `SUBETHA_BENCH_ONLY=<group>/<id>` (run that one case alone for
-//! `SUBETHA_BENCH_SLICE_MS`, default 2000, and print its ns/op and the
-//! contended-wait quantiles the sidecar recorded: for `perf record` and
-//! `strace -c`).
+//! `SUBETHA_BENCH_SLICE_MS`, default 2000, and print its ns/op and, per op
+//! of each instance, what the sidecar recorded: operations, contended ones,
+//! and the quantiles of their waits or sampled holds; for `perf record`
+//! and `strace -c`).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -202,6 +207,63 @@ impl CounterRwLock for RwLock<u64> {
     #[inline]
     fn write(&self, f: impl FnOnce(&mut u64)) {
         f(&mut RwLock::write(self));
+    }
+}
+
+/// `parking_lot`'s raw `RwLock` with one change: the read release is a
+/// call, not inlined. The `rwlock` group's `parking_lot_call` rows: what a
+/// change that adds no work does to each row on this host.
+struct CallReleaseRwLock(parking_lot::RawRwLock);
+
+// SAFETY: every method forwards to `parking_lot::RawRwLock`, whose
+// exclusion this is.
+unsafe impl lock_api::RawRwLock for CallReleaseRwLock {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: Self = Self(<parking_lot::RawRwLock as lock_api::RawRwLock>::INIT);
+    type GuardMarker = lock_api::GuardNoSend;
+
+    #[inline]
+    fn lock_shared(&self) {
+        lock_api::RawRwLock::lock_shared(&self.0);
+    }
+
+    #[inline]
+    fn try_lock_shared(&self) -> bool {
+        lock_api::RawRwLock::try_lock_shared(&self.0)
+    }
+
+    #[inline(never)]
+    unsafe fn unlock_shared(&self) {
+        // SAFETY: forwarded: the caller holds a shared lock.
+        unsafe { lock_api::RawRwLock::unlock_shared(&self.0) }
+    }
+
+    #[inline]
+    fn lock_exclusive(&self) {
+        lock_api::RawRwLock::lock_exclusive(&self.0);
+    }
+
+    #[inline]
+    fn try_lock_exclusive(&self) -> bool {
+        lock_api::RawRwLock::try_lock_exclusive(&self.0)
+    }
+
+    #[inline]
+    unsafe fn unlock_exclusive(&self) {
+        // SAFETY: forwarded: the caller holds the exclusive lock.
+        unsafe { lock_api::RawRwLock::unlock_exclusive(&self.0) }
+    }
+}
+
+impl CounterRwLock for lock_api::RwLock<CallReleaseRwLock, u64> {
+    #[inline]
+    fn read(&self, f: impl FnOnce(&u64) -> u64) -> u64 {
+        f(&lock_api::RwLock::read(self))
+    }
+
+    #[inline]
+    fn write(&self, f: impl FnOnce(&mut u64)) {
+        f(&mut lock_api::RwLock::write(self));
     }
 }
 
@@ -367,6 +429,59 @@ fn busy(n: u64) -> u64 {
     black_box(x)
 }
 
+/// How long one operation works inside and outside the lock.
+///
+/// `Fixed`: the same lengths every time. Threads that repeat a fixed
+/// pattern on two vCPUs fall into step with each other, and which step
+/// they settle in decides the row more than what an operation costs: a
+/// `parking_lot` `RwLock` behind a wrapper whose only change is an
+/// out-of-line read release (`parking_lot_call`) ran `mixed/4` at 137–145
+/// ns an operation where the plain forward ran at 111–117 (one-case runs,
+/// alternated), and at 90–104% of `parking_lot` in paired runs.
+/// `Jittered` draws each length from half to one and a half times its
+/// nominal (and the `rwlock` mixes' writes 1 in 8 at random) from a
+/// per-thread generator seeded alike for every implementation, so no step
+/// lasts.
+#[derive(Clone, Copy, PartialEq)]
+enum Pacing {
+    Fixed,
+    Jittered,
+}
+
+impl Pacing {
+    /// The set name's suffix.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Fixed => "",
+            Self::Jittered => "-jitter",
+        }
+    }
+
+    /// This operation's (inside, outside) busy lengths, and random bits
+    /// for the caller's own draws (0 when fixed).
+    #[inline]
+    fn draw(self, inside: u64, outside: u64) -> (u64, u64, u64) {
+        thread_local!(static RNG: std::cell::Cell<u64> = const { std::cell::Cell::new(0x2545_F491_4F6C_DD1D) });
+        if self == Self::Fixed {
+            return (inside, outside, 0);
+        }
+        let r = RNG.with(|rng| {
+            let mut x = rng.get();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            rng.set(x);
+            x
+        });
+        let spread = |nominal: u64, bits: u64| nominal / 2 + bits % nominal.max(1);
+        (
+            spread(inside, r & 0xFFFF),
+            spread(outside, (r >> 16) & 0xFFFF),
+            r >> 32,
+        )
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The cases.
 
@@ -395,16 +510,17 @@ fn lock_case<L: CounterLock>(group: &'static str, id: String, set: &str, threads
     }
 }
 
-fn work_case<L: CounterLock>(
+/// `threads` threads each working `cs` ns under `lock` and `out` ns
+/// outside it, paced by `pacing`.
+fn paced_work_case<L: CounterLock>(
     group: &'static str,
     id: &str,
-    (cs, out): (u64, u64),
-    threads: usize,
+    ((cs, out), pacing, threads): ((u64, u64), Pacing, usize),
     lock: Arc<L>,
 ) -> Case {
     let inside = cs * work_per_us() / 1000;
     let outside = out * work_per_us() / 1000;
-    let set = scenario_set((cs, out), threads);
+    let set = scenario_set((cs, out), pacing, threads);
     Case {
         group,
         id: format!("{id}/{set}"),
@@ -412,6 +528,7 @@ fn work_case<L: CounterLock>(
         run: Box::new(move |budget| {
             let lock = Arc::clone(&lock);
             drive(threads, budget, move || {
+                let (inside, outside, _) = pacing.draw(inside, outside);
                 lock.with(|n| *n = n.wrapping_add(busy(inside)));
                 busy(outside);
             })
@@ -461,33 +578,40 @@ fn rwlock_cases<L: CounterRwLock>(id: &str, make: impl Fn(&str) -> L) -> Vec<Cas
     let (cs, out) = CONTENDED_WORK_NS;
     let inside = cs * work_per_us() / 1000;
     let outside = out * work_per_us() / 1000;
-    for threads in [2, 4] {
-        add(
-            format!("mixed/{threads}"),
-            threads,
-            Box::new(move |lock| {
-                // Each thread's own operation count picks its writes.
-                thread_local!(static NTH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
-                Box::new(move || {
-                    let nth = NTH.with(|n| {
-                        n.set(n.get() + 1);
-                        n.get()
-                    });
-                    if nth.is_multiple_of(RW_MIXED_WRITE_EVERY) {
-                        lock.write(|n| *n = n.wrapping_add(busy(inside)));
-                    } else {
-                        black_box(lock.read(|n| n.wrapping_add(busy(inside))));
-                    }
-                    busy(outside);
-                })
-            }),
-        );
+    for pacing in [Pacing::Fixed, Pacing::Jittered] {
+        for threads in [2, 4] {
+            add(
+                format!("mixed{}/{threads}", pacing.suffix()),
+                threads,
+                Box::new(move |lock| {
+                    // Fixed: each thread's own operation count picks its
+                    // writes; jittered: its random bits.
+                    thread_local!(static NTH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+                    Box::new(move || {
+                        let (inside, outside, bits) = pacing.draw(inside, outside);
+                        let nth = match pacing {
+                            Pacing::Fixed => NTH.with(|n| {
+                                n.set(n.get() + 1);
+                                n.get()
+                            }),
+                            Pacing::Jittered => bits,
+                        };
+                        if nth.is_multiple_of(RW_MIXED_WRITE_EVERY) {
+                            lock.write(|n| *n = n.wrapping_add(busy(inside)));
+                        } else {
+                            black_box(lock.read(|n| n.wrapping_add(busy(inside))));
+                        }
+                        busy(outside);
+                    })
+                }),
+            );
+        }
     }
     cases
 }
 
-fn scenario_set((cs, out): (u64, u64), threads: usize) -> String {
-    format!("{cs}+{out}ns/{threads}")
+fn scenario_set((cs, out): (u64, u64), pacing: Pacing, threads: usize) -> String {
+    format!("{cs}+{out}ns{}/{threads}", pacing.suffix())
 }
 
 /// The adaptive comparison's scenarios: (critical section, work outside),
@@ -586,28 +710,20 @@ fn cases() -> Vec<Case> {
         ));
         // Some work: a short critical section and twice that outside.
         let work = CONTENDED_WORK_NS;
-        let pl = Arc::new(parking_lot::Mutex::new(0));
-        cases.push(work_case("contended", "parking_lot", work, threads, pl));
-        let again = Arc::new(parking_lot::Mutex::new(0));
-        cases.push(work_case("contended", SAME_AGAIN, work, threads, again));
-        let plain = Mutex::named(&format!("bench_contended_work_{threads}"), 0);
-        cases.push(work_case("contended", "subetha", work, threads, Arc::new(plain)));
-        let unobserved = Mutex::unobserved(0);
-        cases.push(work_case(
-            "contended",
-            "unobserved",
-            work,
-            threads,
-            Arc::new(unobserved),
-        ));
-        let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{threads}"), 0);
-        cases.push(work_case(
-            "contended",
-            "adaptive",
-            work,
-            threads,
-            Arc::new(adaptive),
-        ));
+        for pacing in [Pacing::Fixed, Pacing::Jittered] {
+            let tag = format!("{threads}{}", pacing.suffix());
+            let (group, args) = ("contended", (work, pacing, threads));
+            let pl = Arc::new(parking_lot::Mutex::new(0));
+            cases.push(paced_work_case(group, "parking_lot", args, pl));
+            let again = Arc::new(parking_lot::Mutex::new(0));
+            cases.push(paced_work_case(group, SAME_AGAIN, args, again));
+            let plain = Arc::new(Mutex::named(&format!("bench_contended_work_{tag}"), 0));
+            cases.push(paced_work_case(group, "subetha", args, plain));
+            let unobserved = Arc::new(Mutex::unobserved(0));
+            cases.push(paced_work_case(group, "unobserved", args, unobserved));
+            let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{tag}"), 0);
+            cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
+        }
     }
     cases.extend(rwlock_cases("parking_lot", |_| parking_lot::RwLock::new(0)));
     cases.extend(rwlock_cases(SAME_AGAIN, |_| parking_lot::RwLock::new(0)));
@@ -615,6 +731,9 @@ fn cases() -> Vec<Case> {
         RwLock::named(&format!("bench_rwlock_{set}"), 0)
     }));
     cases.extend(rwlock_cases("unobserved", |_| RwLock::unobserved(0)));
+    cases.extend(rwlock_cases("parking_lot_call", |_| {
+        lock_api::RwLock::<CallReleaseRwLock, u64>::new(0)
+    }));
     // One thread sending and receiving in turn: each operation's own cost,
     // with no blocking regime to swing the two-thread rows.
     cases.push(channel_turns_case("crossbeam", || {
@@ -648,50 +767,38 @@ fn cases() -> Vec<Case> {
                 })
             }),
         });
+        cases.push(Case {
+            group: "channel",
+            id: format!("unobserved/{shape}"),
+            set: shape.to_owned(),
+            run: Box::new(move |budget| {
+                drive_channel(producers, consumers, budget, || {
+                    Channel::<u64>::unobserved(CHANNEL_CAPACITY)
+                })
+            }),
+        });
     }
     for scenario in scenarios() {
         for threads in [2, 4] {
             let tag = format!("{}_{}_{threads}", scenario.0, scenario.1);
-            cases.push(work_case(
-                "adaptive",
-                "parking_lot",
-                scenario,
-                threads,
-                Arc::new(parking_lot::Mutex::new(0)),
-            ));
-            let plain = Mutex::named(&format!("bench_plain_{tag}"), 0);
-            cases.push(work_case(
-                "adaptive",
-                "subetha",
-                scenario,
-                threads,
-                Arc::new(plain),
-            ));
+            let (group, args) = ("adaptive", (scenario, Pacing::Fixed, threads));
+            let pl = Arc::new(parking_lot::Mutex::new(0));
+            cases.push(paced_work_case(group, "parking_lot", args, pl));
+            let plain = Arc::new(Mutex::named(&format!("bench_plain_{tag}"), 0));
+            cases.push(paced_work_case(group, "subetha", args, plain));
             let adaptive = AdaptiveMutex::named(&format!("bench_adaptive_{tag}"), 0);
             ADAPTIVE_LOCKS.lock().push((
-                scenario_set(scenario, threads),
+                scenario_set(scenario, Pacing::Fixed, threads),
                 adaptive.instance_id().expect("registered"),
             ));
-            cases.push(work_case(
-                "adaptive",
-                "adaptive",
-                scenario,
-                threads,
-                Arc::new(adaptive),
-            ));
+            cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
             let fixed = AdaptiveMutex::named(&format!("bench_fixed_{tag}"), 0);
             let word = PolicyWord::default()
                 .with_spin_ns(FIXED_SPIN_NS)
                 .with_spin_pinned(true);
             set_policy_word(fixed.instance_id().expect("registered"), word);
             fixed.refresh_policy();
-            cases.push(work_case(
-                "adaptive",
-                "fixed_spin",
-                scenario,
-                threads,
-                Arc::new(fixed),
-            ));
+            cases.push(paced_work_case(group, "fixed_spin", args, Arc::new(fixed)));
         }
     }
     cases
@@ -932,40 +1039,41 @@ fn profile_one(cases: &[Case], only: &str) {
     if let Some(sidecar) = subetha_core::process_sidecar() {
         sidecar.scan_now();
         let cal = subetha_core::clock::calibration();
-        for r in &sidecar.snapshot().instances {
-            let Some(lock) = r.stats.op(subetha_core::primitives::mutex::op::LOCK) else {
-                continue;
-            };
-            if lock.contended() == 0 {
-                continue;
+        for r in sidecar
+            .snapshot()
+            .instances
+            .iter()
+            .filter(|r| r.stats.total_ops() > 0)
+        {
+            // Every op the instance saw, by its name: for a wait-timed op
+            // (`lock`, `read`, `send` …) the latency is its waits, for a
+            // hold-timed one (`unlock`, `read_unlock` …) its sampled holds.
+            for (op, stats) in r.stats.ops_by_kind() {
+                if stats.ops() == 0 {
+                    continue;
+                }
+                let q = |x| {
+                    stats
+                        .latency()
+                        .map_or(0, |h| cal.ticks_to_ns(h.value_at_quantile(x)))
+                };
+                println!(
+                    "  {} {}: {} ops, {} contended, {} timed: p50 {} p90 {} p99 {} ns",
+                    r.meta.name,
+                    r.meta.op_name(op),
+                    stats.ops(),
+                    stats.contended(),
+                    stats.latency().map_or(0, |h| h.count()),
+                    q(0.5),
+                    q(0.9),
+                    q(0.99)
+                );
             }
-            let q = |x| {
-                lock.latency()
-                    .map_or(0, |h| cal.ticks_to_ns(h.value_at_quantile(x)))
-            };
-            println!(
-                "  {}: locks {} contended {} wait p50 {} p90 {} p99 {} ns",
-                r.meta.name,
-                lock.ops(),
-                lock.contended(),
-                q(0.5),
-                q(0.9),
-                q(0.99)
-            );
-            // What the adaptive policy decides from: the sampled holds, and
-            // the word it wrote.
-            let held = r
-                .stats
-                .op(subetha_core::primitives::mutex::op::UNLOCK)
-                .and_then(|op| op.latency());
-            if let Some(held) = held {
+            if r.meta.kind_name == "mutex" {
                 let word = PolicyWord(policy_word(r.meta.id).unwrap_or(0));
                 println!(
-                    "  {}: {} holds sampled, p50 {} p99 {} ns; policy: spin {:?} ns, yields {}",
+                    "  {}: policy: spin {:?} ns, yields {}",
                     r.meta.name,
-                    held.count(),
-                    cal.ticks_to_ns(held.value_at_quantile(0.5)),
-                    cal.ticks_to_ns(held.value_at_quantile(0.99)),
                     word.spin_ns(),
                     word.spin_yields()
                 );
