@@ -13,6 +13,7 @@
 //! | `rwlock` `…/mixed-jitter/{2,4}` | the same jittered, the writes drawn 1 in 8 |
 //! | `channel` `…/turns` | one message sent and received by the same thread (capacity 1024): the operations' own cost |
 //! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
+//! | `channel` `…/spsc-work`, `…/mpmc-work` | the same with 100 ns of busy work per message on each side, jittered |
 //! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
 //!
 //! Implementations: `parking_lot` / `crossbeam` (the wrapped types, the
@@ -315,17 +316,25 @@ impl Chan for Channel<u64> {
 }
 
 /// Moves messages from `producers` to `consumers` threads through a fresh
-/// channel from `make`; counts messages received.
+/// channel from `make`; counts messages received. `work`: busy work (ns,
+/// paced) each thread does per message besides its `send` or `recv`, or
+/// none.
 fn drive_channel<C: Chan>(
-    producers: usize,
-    consumers: usize,
+    (producers, consumers): (usize, usize),
+    work: Option<(u64, Pacing)>,
     budget: Budget,
     make: impl Fn() -> C,
 ) -> Outcome {
     let (tx, rx) = make().split();
     let start = Arc::new(Barrier::new(producers + consumers + 1));
-    let stop = Arc::new(AtomicBool::new(false));
-    let received = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(Padded(AtomicBool::new(false)));
+    let received = Arc::new(Padded(AtomicU64::new(0)));
+    let work = work.map(|(ns, pacing)| (ns * work_per_us() / 1000, pacing));
+    let per_message = move || {
+        if let Some((iterations, pacing)) = work {
+            busy(pacing.draw(iterations, 0).0);
+        }
+    };
     let mut handles = Vec::new();
     for i in 0..producers {
         let (start, stop, tx) = (Arc::clone(&start), Arc::clone(&stop), tx.clone());
@@ -334,6 +343,7 @@ fn drive_channel<C: Chan>(
             match budget {
                 Budget::Ops(total) => {
                     for k in 0..share(total, producers, i) {
+                        per_message();
                         assert!(C::send(&tx, k));
                     }
                 }
@@ -341,6 +351,7 @@ fn drive_channel<C: Chan>(
                     let mut k = 0;
                     while !stop.load(Ordering::Relaxed) {
                         for _ in 0..64 {
+                            per_message();
                             assert!(C::send(&tx, k));
                             k += 1;
                         }
@@ -356,6 +367,7 @@ fn drive_channel<C: Chan>(
             start.wait();
             let mut n = 0;
             while C::recv(&rx).is_some() {
+                per_message();
                 n += 1;
             }
             received.fetch_add(n, Ordering::Relaxed);
@@ -440,8 +452,7 @@ fn busy(n: u64) -> u64 {
 /// alternated), and at 90–104% of `parking_lot` in paired runs.
 /// `Jittered` draws each length from half to one and a half times its
 /// nominal (and the `rwlock` mixes' writes 1 in 8 at random) from a
-/// per-thread generator seeded alike for every implementation, so no step
-/// lasts.
+/// per-thread xorshift generator, so no step lasts.
 #[derive(Clone, Copy, PartialEq)]
 enum Pacing {
     Fixed,
@@ -461,12 +472,23 @@ impl Pacing {
     /// for the caller's own draws (0 when fixed).
     #[inline]
     fn draw(self, inside: u64, outside: u64) -> (u64, u64, u64) {
-        thread_local!(static RNG: std::cell::Cell<u64> = const { std::cell::Cell::new(0x2545_F491_4F6C_DD1D) });
+        /// Seeds handed to threads in the order they first draw.
+        static SEEDS: AtomicU64 = AtomicU64::new(0);
+        thread_local!(static RNG: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
         if self == Self::Fixed {
             return (inside, outside, 0);
         }
         let r = RNG.with(|rng| {
             let mut x = rng.get();
+            if x == 0 {
+                // splitmix64 of the thread's number: distinct and nonzero.
+                let mut z = SEEDS
+                    .fetch_add(1, Ordering::Relaxed)
+                    .wrapping_add(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                x = (z ^ (z >> 31)) | 1;
+            }
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -641,6 +663,9 @@ const SAME_AGAIN: &str = "same_again";
 /// The budget of the `fixed_spin` variant.
 const FIXED_SPIN_NS: u64 = 16_384;
 const CHANNEL_CAPACITY: usize = 1024;
+/// The `channel` `…-work` rows' busy work per message on each side, ns
+/// (jittered).
+const CHANNEL_WORK_NS: u64 = 100;
 
 /// Adaptive locks whose chosen budget the summary reports.
 static ADAPTIVE_LOCKS: parking_lot::Mutex<Vec<(String, u32)>> = parking_lot::const_mutex(Vec::new());
@@ -742,41 +767,44 @@ fn cases() -> Vec<Case> {
     cases.push(channel_turns_case("subetha", || {
         Channel::<u64>::named("bench_channel_turns", CHANNEL_CAPACITY)
     }));
-    for (shape, producers, consumers) in [("spsc", 1, 1), ("mpmc", 2, 2)] {
+    let shapes = [("spsc", (1, 1)), ("mpmc", (2, 2))];
+    let workloads = [("", None), ("-work", Some((CHANNEL_WORK_NS, Pacing::Jittered)))];
+    for ((shape, threads), (suffix, work)) in shapes.into_iter().flat_map(|s| workloads.map(|w| (s, w))) {
+        let set = format!("{shape}{suffix}");
+        let case = |id: &str, run: Runner| Case {
+            group: "channel",
+            id: format!("{id}/{set}"),
+            set: set.clone(),
+            run,
+        };
         // The baseline, then its control.
         for id in ["crossbeam", SAME_AGAIN] {
-            cases.push(Case {
-                group: "channel",
-                id: format!("{id}/{shape}"),
-                set: shape.to_owned(),
-                run: Box::new(move |budget| {
-                    drive_channel(producers, consumers, budget, || {
+            cases.push(case(
+                id,
+                Box::new(move |budget| {
+                    drive_channel(threads, work, budget, || {
                         crossbeam_channel::bounded::<u64>(CHANNEL_CAPACITY)
                     })
                 }),
-            });
+            ));
         }
-        let name = format!("bench_channel_{shape}");
-        cases.push(Case {
-            group: "channel",
-            id: format!("subetha/{shape}"),
-            set: shape.to_owned(),
-            run: Box::new(move |budget| {
-                drive_channel(producers, consumers, budget, || {
+        let name = format!("bench_channel_{set}");
+        cases.push(case(
+            "subetha",
+            Box::new(move |budget| {
+                drive_channel(threads, work, budget, || {
                     Channel::<u64>::named(&name, CHANNEL_CAPACITY)
                 })
             }),
-        });
-        cases.push(Case {
-            group: "channel",
-            id: format!("unobserved/{shape}"),
-            set: shape.to_owned(),
-            run: Box::new(move |budget| {
-                drive_channel(producers, consumers, budget, || {
+        ));
+        cases.push(case(
+            "unobserved",
+            Box::new(move |budget| {
+                drive_channel(threads, work, budget, || {
                     Channel::<u64>::unobserved(CHANNEL_CAPACITY)
                 })
             }),
-        });
+        ));
     }
     for scenario in scenarios() {
         for threads in [2, 4] {
