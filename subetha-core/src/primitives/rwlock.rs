@@ -27,8 +27,9 @@
 //! reports more than a count leaves a record in a per-thread table keyed
 //! by the lock's address, one table for reads and one for writes, beside
 //! a count of them, so the release of a hold that needs no record looks
-//! at nothing but that thread-local count. Nothing an acquisition or a
-//! release does writes to the lock outside `parking_lot`'s word (see
+//! at nothing but that thread-local count. Apart from the bias's changes
+//! and a policy refresh at most once a millisecond, no acquisition or
+//! release writes to the lock outside `parking_lot`'s word (see
 //! [`RawRwLock`]). (Guards are not `Send`, as in `parking_lot`, so a hold
 //! ends on the thread that began it. A guard leaked with `mem::forget`
 //! leaves its record behind; a later lock at the same address would
@@ -261,11 +262,11 @@ struct Observed {
 ///
 /// | bytes | fields | read | written |
 /// |---|---|---|---|
-/// | 0–15 | `sampler`, `probe`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes, a policy change |
+/// | 0–15 | `sampler`, `probe`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes; a policy refresh, at most once a millisecond |
 /// | 16–31 | `observed` | every operation | never |
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
-/// Nothing an operation writes is outside the word: what a write hold's
+/// Otherwise no operation writes outside the word: what a write hold's
 /// release reports waits on the holder's thread ([`WriteRecord`]). (With
 /// `bias` at byte 16 instead, an uncontended biased `read` took 6.7–9.2
 /// ns in one-case runs, at byte 12 6.3–7.2 ns: the same code, one load
