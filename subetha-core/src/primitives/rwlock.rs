@@ -267,7 +267,7 @@ struct Observed {
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
 /// Otherwise no operation writes outside the word: what a write hold's
-/// release reports waits on the holder's thread ([`WriteRecord`]). (With
+/// release reports waits on the holder's thread (`WriteRecord`). (With
 /// `bias` at byte 16 instead, an uncontended biased `read` took 6.7–9.2
 /// ns in one-case runs, at byte 12 6.3–7.2 ns: the same code, one load
 /// moved. Why, I have not found.)
