@@ -448,8 +448,9 @@ fn busy(n: u64) -> u64 {
 /// they settle in decides the row more than what an operation costs: a
 /// `parking_lot` `RwLock` behind a wrapper whose only change is an
 /// out-of-line read release (`parking_lot_call`) ran `mixed/4` at 137–145
-/// ns an operation where the plain forward ran at 111–117 (one-case runs,
-/// alternated), and at 90–104% of `parking_lot` in paired runs.
+/// ns an operation where the plain forward ran at 110–118 (one-case runs,
+/// alternated, most rounds), and at 90–104% of `parking_lot` in paired
+/// runs.
 /// `Jittered` draws each length from half to one and a half times its
 /// nominal (and the `rwlock` mixes' writes 1 in 8 at random) from a
 /// per-thread xorshift generator, so no step lasts.
