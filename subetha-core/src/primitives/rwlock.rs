@@ -89,7 +89,7 @@ use lock_api::{
     RawRwLockUpgrade as _, RawRwLockUpgradeDowngrade as _, RawRwLockUpgradeTimed as _,
 };
 
-use super::held::{HoldRecord, Records as _, hold_records};
+use super::held::{HoldRecord, Records, hold_records};
 use super::op_counts::{BATCH, OpCounts};
 use super::reader_bias::{self, BiasPolicy, RevokeWait};
 use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_hold_random, next_thread_op, since};
@@ -129,51 +129,27 @@ pub mod op {
     pub const UPGRADE: u16 = 7;
 }
 
-/// A shared hold whose release reports more than a count: one that
-/// waited, a `try_read`, a sampled hold, or the shared end of a downgrade.
-/// Pushing any of that while the lock is held would lengthen the hold, so
-/// the acquisition leaves this record on its thread and the release, once
-/// the lock is let go, reports it.
+/// A hold whose release reports more than a count, left on the holding
+/// thread by its acquisition; the release, once the lock is let go,
+/// reports it (pushing it while the lock is held would lengthen the hold).
+/// A shared one: a `read` that waited, a `try_read`, a sampled hold, or
+/// the shared end of a downgrade. An exclusive one: a `write` that
+/// waited, a `try_write`, an upgrade, or a sampled hold.
+///
+/// Exclusive holds keep theirs here too, not in the lock: every reader
+/// loads the lock's bookkeeping, and a store there by a writer takes that
+/// line from all of them. (Kept in the lock, with jittered 50 ns reads and
+/// writes on four threads, the lock ran at 87.1–94.8% of `parking_lot`
+/// when placed with its bookkeeping on a line apart from the word and at
+/// 91.6–95.1% on one line; kept here, at 91.2–97.9% at any placement.)
 #[derive(Clone, Copy, Debug)]
-struct ReadRecord {
+struct HoldReport {
     /// The lock's address.
     lock: usize,
-    /// The acquisition the release reports: 0 = none (it was reported
-    /// already, or the hold was not a `read`), [`op::READ`] with `flags`
-    /// 0 = an uncontended `read`, counted; anything else is pushed.
-    op: u16,
-    flags: u16,
-    latency: u64,
-    /// Ticks when a sampled hold began; 0 = not sampled.
-    hold_start: u64,
-}
-
-impl HoldRecord for ReadRecord {
-    fn lock(&self) -> usize {
-        self.lock
-    }
-}
-
-hold_records! {
-    /// This thread's outstanding [`ReadRecord`]s (see [`held`](super::held)).
-    struct Reads: ReadRecord;
-}
-
-/// What the release of an exclusive hold reports, when that is more than
-/// a count: an acquisition other than an uncontended `write` (a `write`
-/// that waited, a `try_write`, an upgrade), or a sampled hold. Kept on the
-/// holder's thread rather than in the lock: every reader loads the lock's
-/// bookkeeping, and a store there by a writer takes that line from all of
-/// them. (Kept in the lock, with jittered 50 ns reads and writes on four
-/// threads, the lock ran at 87.1–94.8% of `parking_lot` when placed with
-/// its bookkeeping on a line apart from the word and at 91.6–95.1% on
-/// one line; kept here, at 91.2–97.9% at any placement.)
-#[derive(Clone, Copy, Debug)]
-struct WriteRecord {
-    /// The lock's address.
-    lock: usize,
-    /// The acquisition the release reports: [`op::WRITE`] with `flags` 0
-    /// = an uncontended `write` (a sampled hold), counted; anything else
+    /// The acquisition the release reports: 0 = none (the hold was not
+    /// acquired by a `read` or `write`: the shared end of a downgrade);
+    /// the side's [`PLAIN`](Side::PLAIN) op with `flags` 0 = an
+    /// uncontended acquisition (of a sampled hold), counted; anything else
     /// is pushed.
     op: u16,
     flags: u16,
@@ -182,15 +158,39 @@ struct WriteRecord {
     hold_start: u64,
 }
 
-impl HoldRecord for WriteRecord {
+impl HoldRecord for HoldReport {
     fn lock(&self) -> usize {
         self.lock
     }
 }
 
 hold_records! {
-    /// This thread's outstanding [`WriteRecord`]s.
-    struct Writes: WriteRecord;
+    /// This thread's outstanding [`HoldReport`]s of shared holds (see
+    /// [`held`](super::held)).
+    struct Reads: HoldReport;
+}
+
+hold_records! {
+    /// This thread's outstanding [`HoldReport`]s of exclusive holds.
+    struct Writes: HoldReport;
+}
+
+/// A kind of hold and its table of reports.
+trait Side: Records<Record = HoldReport> {
+    /// The op an uncontended acquisition is counted as.
+    const PLAIN: u16;
+    /// The op a sampled hold is pushed as.
+    const UNLOCK: u16;
+}
+
+impl Side for Reads {
+    const PLAIN: u16 = op::READ;
+    const UNLOCK: u16 = op::READ_UNLOCK;
+}
+
+impl Side for Writes {
+    const PLAIN: u16 = op::WRITE;
+    const UNLOCK: u16 = op::WRITE_UNLOCK;
 }
 
 thread_local! {
@@ -267,7 +267,7 @@ struct Observed {
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
 /// Otherwise no operation writes outside the word: what a write hold's
-/// release reports waits on the holder's thread (`WriteRecord`). (With
+/// release reports waits on the holder's thread (`HoldReport`). (With
 /// `bias` at byte 16 instead, an uncontended biased `read` took 6.7–9.2
 /// ns in one-case runs, at byte 12 6.3–7.2 ns: the same code, one load
 /// moved. Why, I have not found.)
@@ -455,7 +455,7 @@ impl RawRwLock {
     }
 
     /// A shared hold has begun: leaves what its release reports (`op`
-    /// with `flags` and `latency`, see [`ReadRecord`]) on this thread,
+    /// with `flags` and `latency`, see [`HoldReport`]) on this thread,
     /// unless that is an unsampled, uncontended `read` (its release
     /// counts it). `now` is a clock reading at the acquisition, 0 if none.
     #[inline(always)]
@@ -468,18 +468,24 @@ impl RawRwLock {
     /// [`remember_shared_hold`](Self::remember_shared_hold).
     #[inline(always)]
     fn leave_read_record(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
+        self.leave_report(Reads, op, flags, latency, ticket, now);
+    }
+
+    /// After an acquisition on `side`: leaves what its release reports,
+    /// unless that is a count (an uncontended acquisition whose hold is not
+    /// sampled). `now` is a clock reading at the acquisition, 0 if none.
+    #[inline(always)]
+    fn leave_report<S: Side>(&self, side: S, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
         let hold_start = ticket.hold_start(now);
-        if op != op::READ || flags != 0 || hold_start != 0 {
-            self.record_read(
-                ReadRecord {
-                    lock: self.addr(),
-                    op,
-                    flags,
-                    latency,
-                    hold_start,
-                },
-                now,
-            );
+        if op != S::PLAIN || flags != 0 || hold_start != 0 {
+            let report = HoldReport {
+                lock: self.addr(),
+                op,
+                flags,
+                latency,
+                hold_start,
+            };
+            self.record(side, report, now);
         }
     }
 
@@ -674,24 +680,25 @@ impl RawRwLock {
         debug_assert!(waited.is_ok(), "a waiting revocation gave up");
     }
 
-    /// Leaves `record` for this thread's release of the hold, sampled by
+    /// Leaves `report` for this thread's release of the hold, sampled by
     /// [`sample_reported`](Self::sample_reported) if it is reported on its
     /// own and no draw sampled it. `now`: as for
-    /// [`acquired_shared`](Self::acquired_shared).
+    /// [`leave_report`](Self::leave_report).
     #[cold]
     #[inline(never)]
-    fn record_read(&self, mut record: ReadRecord, now: u64) {
+    fn record<S: Side>(&self, side: S, mut report: HoldReport, now: u64) {
         if self.observed.is_none() {
             return;
         }
         // (op 0, the shared end of a downgrade, reports nothing: not sampled.)
-        if record.hold_start == 0 && record.op != 0 && (record.op != op::READ || record.flags != 0) {
-            record.hold_start = self.sample_reported(now);
+        if report.hold_start == 0 && report.op != 0 && (report.op != S::PLAIN || report.flags != 0) {
+            report.hold_start = self.sample_reported(now);
         }
         // Refused only when this thread's table is gone (a thread-local's
-        // destructor is taking the lock): the release then counts a
-        // `read`, and that is what this hold is reported as, unsampled.
-        let _ = Reads.push(record);
+        // destructor is taking the lock): the release then counts a plain
+        // acquisition, and that is what this hold is reported as,
+        // unsampled.
+        let _ = side.push(report);
     }
 
     /// Ends a shared hold (`fair`: through `unlock_shared_fair`), then
@@ -724,7 +731,7 @@ impl RawRwLock {
             // live as long as it does.
             self.count(unsafe { counts.as_ref() }, op::READ);
         } else {
-            self.report_recorded_read_hold();
+            self.report_recorded(Reads, self.counts());
         }
     }
 
@@ -751,65 +758,31 @@ impl RawRwLock {
         }
     }
 
-    /// The report of [`end_read_hold`](Self::end_read_hold), after the
-    /// release, while this thread has records, perhaps of this hold.
+    /// The report of a hold's release on `side`, after it, while this
+    /// thread has reports there, perhaps of this hold.
     #[cold]
     #[inline(never)]
-    fn report_recorded_read_hold(&self) {
-        let record = Reads.take(self.addr());
-        let counts = self.counts();
-        let Some(record) = record else {
-            self.count(counts, op::READ);
+    fn report_recorded<S: Side>(&self, side: S, counts: Option<&OpCounts<2>>) {
+        let Some(report) = side.take(self.addr()) else {
+            self.count(counts, S::PLAIN);
             return;
         };
-        match (record.op, record.flags) {
+        match (report.op, report.flags) {
             (0, _) => {}
-            (op::READ, 0) => self.count(counts, op::READ),
-            (op, flags) => self.probe.emit(op, flags, record.latency),
+            (op, 0) if op == S::PLAIN => self.count(counts, op),
+            (op, flags) => self.probe.emit(op, flags, report.latency),
         }
-        if record.hold_start != 0 {
-            self.probe.emit(op::READ_UNLOCK, 0, since(record.hold_start));
+        if report.hold_start != 0 {
+            self.probe.emit(S::UNLOCK, 0, since(report.hold_start));
         }
     }
 
-    /// After an exclusive acquisition: leaves what its release reports,
-    /// unless that is a count (an uncontended `write` whose hold is not
-    /// sampled). `now` is a clock reading at the acquisition, 0 if none.
-    /// Nothing is counted or pushed inside the hold.
+    /// After an exclusive acquisition: see
+    /// [`leave_report`](Self::leave_report). Nothing is counted or pushed
+    /// inside the hold.
     #[inline(always)]
     fn acquired_exclusive(&self, op: u16, flags: u16, latency: u64, ticket: Ticket, now: u64) {
-        let hold_start = ticket.hold_start(now);
-        if op != op::WRITE || flags != 0 || hold_start != 0 {
-            self.record_write(
-                WriteRecord {
-                    lock: self.addr(),
-                    op,
-                    flags,
-                    latency,
-                    hold_start,
-                },
-                now,
-            );
-        }
-    }
-
-    /// Leaves `record` for this thread's release of the exclusive hold,
-    /// sampled by [`sample_reported`](Self::sample_reported) if it is
-    /// reported on its own and no draw sampled it. `now`: as for
-    /// [`acquired_exclusive`](Self::acquired_exclusive).
-    #[cold]
-    #[inline(never)]
-    fn record_write(&self, mut record: WriteRecord, now: u64) {
-        if self.observed.is_none() {
-            return;
-        }
-        if record.hold_start == 0 {
-            record.hold_start = self.sample_reported(now);
-        }
-        // Refused only when this thread's table is gone (a thread-local's
-        // destructor is taking the lock): the release then counts a
-        // `write`, and that is what this hold is reported as, unsampled.
-        let _ = Writes.push(record);
+        self.leave_report(Writes, op, flags, latency, ticket, now);
     }
 
     /// After a write hold's release (or downgrade): counts an uncontended
@@ -821,25 +794,7 @@ impl RawRwLock {
         if Writes.held() == 0 {
             self.count(counts, op::WRITE);
         } else {
-            self.report_recorded_write_end(counts);
-        }
-    }
-
-    /// [`report_write_end`](Self::report_write_end) while this thread has
-    /// records, perhaps of this hold.
-    #[cold]
-    #[inline(never)]
-    fn report_recorded_write_end(&self, counts: Option<&OpCounts<2>>) {
-        let Some(record) = Writes.take(self.addr()) else {
-            self.count(counts, op::WRITE);
-            return;
-        };
-        match (record.op, record.flags) {
-            (op::WRITE, 0) => self.count(counts, op::WRITE),
-            (op, flags) => self.probe.emit(op, flags, record.latency),
-        }
-        if record.hold_start != 0 {
-            self.probe.emit(op::WRITE_UNLOCK, 0, since(record.hold_start));
+            self.report_recorded(Writes, counts);
         }
     }
 
@@ -860,16 +815,14 @@ impl RawRwLock {
     /// must not count one.
     fn downgraded_to_shared(&self) {
         self.remember_shared_hold();
-        self.record_read(
-            ReadRecord {
-                lock: self.addr(),
-                op: 0,
-                flags: 0,
-                latency: 0,
-                hold_start: 0,
-            },
-            0,
-        );
+        let report = HoldReport {
+            lock: self.addr(),
+            op: 0,
+            flags: 0,
+            latency: 0,
+            hold_start: 0,
+        };
+        self.record(Reads, report, 0);
     }
 
     /// Blocks in `wait` and records the wait as a contended `op`. An
