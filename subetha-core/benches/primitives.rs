@@ -1098,7 +1098,7 @@ fn profile_one(cases: &[Case], only: &str) {
                     q(0.99)
                 );
             }
-            if r.meta.kind_name == "mutex" {
+            if matches!(r.meta.kind_name.as_str(), "mutex" | "adaptive_mutex") {
                 let word = PolicyWord(policy_word(r.meta.id).unwrap_or(0));
                 println!(
                     "  {}: policy: spin {:?} ns, yields {}",

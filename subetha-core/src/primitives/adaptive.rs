@@ -9,8 +9,10 @@
 //! between polls, the clock read after each) for up to the budget in the
 //! policy word's `SPIN` field ([`PolicyWord`]), whether or not other
 //! waiters are parked, and then parks. A contended acquisition that had to
-//! park also records a `park` observation (latency: from parking to
-//! acquiring). With `SPIN` unset the budget is [`DEFAULT_SPIN_NS`]; a
+//! park also records a `park` observation whose latency is the wake-up:
+//! from the releasing thread's call to wake it (the clock read under
+//! `parking_lot_core`'s queue lock, passed in the unpark token) to the
+//! woken thread running again. With `SPIN` unset the budget is [`DEFAULT_SPIN_NS`]; a
 //! budget of 0 parks at once. With the word's `Y` bit set the waiter
 //! instead waits as a plain [`Mutex`] does, like `parking_lot`: a fixed
 //! few exponential spin rounds while nobody is parked, then `sched_yield`s,
@@ -22,13 +24,22 @@
 //! context switch?": spinning for as long as parking and being woken would
 //! cost never does worse than twice the better of the two, and a waiter
 //! whose lock comes free within a short hold should not park at all. The
-//! policy therefore needs two numbers: how long the lock is held, which it
-//! observes, and what a park/wake hand-off costs on this host, which it
-//! measures ([`measure_park_cost_ns`]: a futex ping-pong between two
-//! threads; tens of µs on an idle virtual machine, a few µs on bare metal
-//! or a busy host).
+//! policy therefore needs two numbers: how long the lock is held, and what
+//! a park/wake hand-off costs. It observes both on the lock itself: the
+//! park cost is the p50 of the lock's `park` wake-ups, once a window holds
+//! [`AdaptiveConfig::min_wake_samples`] of them, kept until a later window
+//! brings as many (a lock that spins long enough parks rarely).
 //!
-//! The measurement blocks for milliseconds, so it never runs on a
+//! The wake-up is measured where it happens because it depends on what the
+//! waiter's CPU is doing. A separate measurement misleads: a futex
+//! ping-pong ([`measure_park_cost_ns`]) taken while two threads kept this
+//! 2-vCPU VM busy read 2.5–4 µs, while the lock's own waiters, whose CPUs
+//! go idle once they park, took 13–25 µs to wake (p50); with the
+//! ping-pong's figure as the cap, a lock held 20 µs at a time spun 2.5–4 µs,
+//! parked anyway, and ran at 86–96% of `parking_lot`'s throughput.
+//!
+//! Until a lock has had wake-ups of its own the policy uses that host
+//! measurement. It blocks for milliseconds, so it never runs on a
 //! consumer's scan thread (a scanner that stops draining makes rings
 //! overflow): every policy of a process shares one measurement
 //! ([`shared_park_cost_ns`]), taken on a background thread when first
@@ -65,9 +76,10 @@
 //!    at 96–105% yielding).
 //! 4. Otherwise budget = [`AdaptiveConfig::spin_holds`] × that hold time
 //!    (enough for the holder and a waiter ahead to finish), at least
-//!    [`AdaptiveConfig::min_spin_ns`] and at most the park cost: short holds
-//!    get a short spin and no parking; long holds get spin-then-park with a
-//!    budget equal to the park cost.
+//!    [`AdaptiveConfig::min_spin_ns`] and at most the park cost (the
+//!    lock's observed wake-up, see above): short holds get a short spin
+//!    and no parking; long holds get spin-then-park with a budget equal to
+//!    the park cost.
 //!
 //! A word with the pin bit set is left alone. The policy finds its window
 //! for an instance through the word's `TAG` field (it assigns tags itself),
@@ -251,6 +263,9 @@ pub struct AdaptiveConfig {
     pub max_quiet_window: u64,
     /// Sampled hold times needed to use them (else contended waits stand in).
     pub min_hold_samples: u64,
+    /// Measured wake-ups a window needs before their p50 becomes the
+    /// lock's park cost.
+    pub min_wake_samples: u64,
     /// Budget = this many hold p90s (before the cap).
     pub spin_holds: u64,
     /// Smallest budget.
@@ -262,6 +277,7 @@ pub struct AdaptiveConfig {
     /// up).
     pub yield_below_hold_ns: u64,
     /// The cost of parking and being woken, which caps the budget; `None`:
+    /// observed on each lock's own wake-ups, and until a lock has any,
     /// measured on this host ([`shared_park_cost_ns`]).
     pub park_cost_ns: Option<u64>,
 }
@@ -273,6 +289,7 @@ impl Default for AdaptiveConfig {
             min_contention_rate: 0.001,
             max_quiet_window: 1 << 16,
             min_hold_samples: 8,
+            min_wake_samples: 8,
             spin_holds: 4,
             min_spin_ns: 512,
             yield_below_hold_ns: 128,
@@ -485,6 +502,11 @@ pub struct WindowSummary {
     pub contended: u64,
     /// Of those, how many exhausted the spin budget.
     pub parked: u64,
+    /// Parks whose wake-up was measured ([`mutex::op::PARK`]'s latency).
+    pub wake_samples: u64,
+    /// Wake-up p50: from the releasing thread's call to wake a parked
+    /// waiter to that waiter running.
+    pub wake_p50_ns: u64,
     /// Sampled hold times.
     pub hold_samples: u64,
     /// Hold time p50.
@@ -511,6 +533,10 @@ impl WindowSummary {
             acquisitions: ops(mutex::op::LOCK) + ops(mutex::op::TRY_LOCK),
             contended: op(mutex::op::LOCK).map_or(0, |o| o.contended),
             parked: ops(mutex::op::PARK),
+            wake_samples: op(mutex::op::PARK)
+                .and_then(|o| o.latency.as_ref())
+                .map_or(0, |h| h.count()),
+            wake_p50_ns: quantile(mutex::op::PARK, 0.5),
             hold_samples: op(mutex::op::UNLOCK)
                 .and_then(|o| o.latency.as_ref())
                 .map_or(0, |h| h.count()),
@@ -534,6 +560,8 @@ pub struct AdaptivePolicy {
 struct Window {
     base: InstanceStats,
     first_seen_ns: Option<u64>,
+    /// The lock's wake-up p50 from the last window with enough of them.
+    observed_park_cost_ns: Option<u64>,
 }
 
 impl Default for AdaptivePolicy {
@@ -573,8 +601,9 @@ impl AdaptivePolicy {
         self.next_tag
     }
 
-    /// The park cost in use: configured, or the process's shared
-    /// background measurement ([`shared_park_cost_ns`]). Never blocks.
+    /// The park cost of a lock whose own wake-ups have not been observed:
+    /// configured, or the process's shared background measurement
+    /// ([`shared_park_cost_ns`]). Never blocks.
     pub fn park_cost_ns(&self) -> u64 {
         self.config.park_cost_ns.unwrap_or_else(shared_park_cost_ns)
     }
@@ -597,17 +626,25 @@ impl Policy for AdaptivePolicy {
             self.windows[usize::from(tag)] = Some(Window {
                 base: InstanceStats::new(),
                 first_seen_ns: stats.first_seen_ns(),
+                observed_park_cost_ns: None,
             });
         }
-        let park_cost = self.park_cost_ns();
         let window = self.windows[usize::from(tag)]
             .as_mut()
             .expect("window installed above");
-        let mut new = word.with_tag(tag);
-        match self
+        let summary = WindowSummary::between(&window.base, stats);
+        if summary.wake_samples >= self.config.min_wake_samples {
+            window.observed_park_cost_ns = Some(summary.wake_p50_ns.max(1));
+        }
+        // The host's measurement (asked for again when stale) only for a
+        // lock whose own wake-ups have not been seen.
+        let park_cost = self
             .config
-            .verdict(&WindowSummary::between(&window.base, stats), park_cost)
-        {
+            .park_cost_ns
+            .or(window.observed_park_cost_ns)
+            .unwrap_or_else(shared_park_cost_ns);
+        let mut new = word.with_tag(tag);
+        match self.config.verdict(&summary, park_cost) {
             Verdict::Accumulate => {}
             Verdict::Keep => window.base = stats.clone(),
             Verdict::Spin(budget) => {
@@ -734,6 +771,55 @@ mod tests {
         }
         let q = WindowSummary::between(&InstanceStats::new(), &quiet);
         assert_eq!(c.verdict(&q, PARK_COST), Verdict::Keep);
+    }
+
+    /// Without a configured park cost, a lock's own wake-ups cap its
+    /// budget once a window has enough of them, and the cap stays when
+    /// later windows bring none; a configured cost still wins.
+    #[test]
+    fn the_lock_s_own_wake_ups_are_its_park_cost() {
+        let observed = AdaptiveConfig {
+            park_cost_ns: None,
+            ..AdaptiveConfig::default()
+        };
+        let mut p = AdaptivePolicy::new(observed);
+        // Holds of 200 µs: the budget is the park cost.
+        let mut s = stats(100, 200_000, 300_000);
+        for _ in 0..observed.min_wake_samples {
+            s.record(mutex::op::PARK, CONTENDED, ns(30_000), 1);
+        }
+        let w1 = PolicyWord(p.decide(&s, 0).expect("decides"));
+        let b1 = w1.spin_ns().unwrap();
+        assert!((29_000..=31_000).contains(&b1), "{b1}");
+        // A window without parks (the budget now covers the waits).
+        for _ in 0..100 {
+            s.record(mutex::op::LOCK, CONTENDED, ns(20_000), 1);
+            s.record(mutex::op::UNLOCK, 0, ns(200_000), 1);
+        }
+        assert_eq!(p.decide(&s, w1.0), None, "the budget stays");
+        // Too few wake-ups to count: the last estimate stands.
+        for _ in 0..100 {
+            s.record(mutex::op::LOCK, CONTENDED, ns(20_000), 1);
+            s.record(mutex::op::UNLOCK, 0, ns(200_000), 1);
+        }
+        s.record(mutex::op::PARK, CONTENDED, ns(2_000), 1);
+        assert_eq!(p.decide(&s, w1.0), None, "one wake-up is not evidence");
+        // Wake-ups get cheaper: so does the budget.
+        for _ in 0..100 {
+            s.record(mutex::op::LOCK, CONTENDED, ns(20_000), 1);
+            s.record(mutex::op::UNLOCK, 0, ns(200_000), 1);
+            s.record(mutex::op::PARK, CONTENDED, ns(8_000), 1);
+        }
+        let w2 = PolicyWord(p.decide(&s, w1.0).expect("decides"));
+        let b2 = w2.spin_ns().unwrap();
+        assert!((7_600..=8_400).contains(&b2), "{b2}");
+        // A configured cost is used whatever the lock's wake-ups say.
+        let mut fixed = AdaptivePolicy::new(config());
+        let w = PolicyWord(fixed.decide(&s, 0).expect("decides"));
+        assert_eq!(
+            w.spin_ns(),
+            PolicyWord::default().with_spin_ns(PARK_COST).spin_ns()
+        );
     }
 
     #[test]

@@ -91,7 +91,7 @@
 //! | [`Barrier`] (6) | 1 | `wait` | C (always: every non-leader blocks) | time blocked |
 //! | | 2 | `release` | — (the leader: last to arrive) | first arrival → last arrival of the generation |
 //! | [`AdaptiveMutex`] (7) | 1–3 | as [`Mutex`] | | |
-//! | | 4 | `park` | C | spin budget exhausted: time from giving up spinning to acquiring |
+//! | | 4 | `park` | C | spin budget exhausted, the waiter slept | its (last) wake-up: from the releasing thread's call to wake it to it running |
 //! | `AsyncMutex` (8, feature `tokio`) | 1–3 | as [`Mutex`] | | |
 //! | `AsyncRwLock` (9) | 1–6 | as [`RwLock`] | | |
 //! | `AsyncSemaphore` (10) | 1–4 | as [`Semaphore`] | | |

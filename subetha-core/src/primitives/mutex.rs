@@ -91,7 +91,10 @@ pub mod op {
     pub const TRY_LOCK: u16 = 2;
     /// A sampled release; latency = hold time.
     pub const UNLOCK: u16 = 3;
-    /// ([`AdaptiveMutex`](crate::AdaptiveMutex) only) the spin budget ran out.
+    /// ([`AdaptiveMutex`](crate::AdaptiveMutex) only) the spin budget ran
+    /// out and the thread parked; latency = its (last) wake-up: from the
+    /// releasing thread's call to wake it to it running again (none if it
+    /// was never woken that way, e.g. the lock came free as it parked).
     pub const PARK: u16 = 4;
 }
 
@@ -110,10 +113,25 @@ const COUNT_ONE: u16 = 1 << COUNT_SHIFT;
 const COUNT_BITS: u16 = !(LOCKED_BIT | PARKED_BIT);
 /// The largest count the lock word holds; the next `lock` wraps it to 0.
 const COUNT_MAX: u16 = COUNT_BITS >> COUNT_SHIFT;
-/// Unpark token: try to take the lock again.
-const TOKEN_NORMAL: UnparkToken = UnparkToken(0);
-/// Unpark token: the lock was handed to the woken thread, still locked.
-const TOKEN_HANDOFF: UnparkToken = UnparkToken(1);
+/// Unpark token bit: the lock was handed to the woken thread, still
+/// locked (clear: try to take it again). The token's other bits carry, for
+/// an adaptive lock, the waker's clock (see [`RawMutex::wake_token`]).
+const TOKEN_HANDOFF_BIT: usize = 1;
+/// The clock bits of an unpark token (the tick reading, truncated).
+const TOKEN_TICKS_MASK: usize = usize::MAX >> 1;
+
+/// Ticks from the clock reading a wake-up's `token` carries to `now`, at
+/// least 1; `None` if it carries none, or if `now` reads before it (clocks
+/// of two CPUs out of step). Wraps with the token's width, which only a
+/// 32-bit target (2^31 ticks, under a second) could reach.
+fn wake_ticks(token: UnparkToken, now: u64) -> Option<u64> {
+    let sent = token.0 >> 1;
+    if sent == 0 {
+        return None;
+    }
+    let elapsed = (now as usize & TOKEN_TICKS_MASK).wrapping_sub(sent) & TOKEN_TICKS_MASK;
+    (elapsed <= TOKEN_TICKS_MASK / 2).then(|| (elapsed as u64).max(1))
+}
 /// `pause`s between two polls of the lock word while an adaptive lock spins
 /// (~40 ns on current x86): a release is seen at once, and the spinning
 /// waiter only reads the word, so it does not steal the line from the owner.
@@ -222,11 +240,14 @@ enum Acquired {
 struct Slow {
     /// Whether the lock was taken (false: the deadline passed).
     acquired: bool,
-    /// Tick at which this thread first parked; 0 if it never did (only
-    /// read for adaptive locks).
-    parked_at: u64,
+    /// Whether this thread slept in a park (not just tried: a park
+    /// whose validation failed returns at once).
+    parked: bool,
     /// Tick at which the wait ended.
     at: u64,
+    /// Ticks from the last wake-up's call (by the releasing thread) to this
+    /// thread running again; 0 if not measured (not adaptive, never woken).
+    woken_after: u64,
 }
 
 /// How the slow path waits before parking.
@@ -535,6 +556,22 @@ impl RawMutex {
         LockCount::of_word(self.state.load(Ordering::Relaxed))
     }
 
+    /// The unpark token of a wake-up: [`TOKEN_HANDOFF_BIT`] if `handoff`,
+    /// and for an adaptive lock the clock now, so the woken thread can
+    /// measure its wake-up ([`op::PARK`]'s latency, the park cost its
+    /// policy weighs). Read in `parking_lot_core`'s callback, under the
+    /// queue lock, just before the wake-up call; only on a release that
+    /// wakes a thread.
+    fn wake_token(&self, handoff: bool) -> UnparkToken {
+        let sent = if self.adaptive {
+            // Never 0 (0 = no reading): a tick count of exactly 0 reads 1.
+            ((clock::ticks() as usize & TOKEN_TICKS_MASK).max(1)) << 1
+        } else {
+            0
+        };
+        UnparkToken(sent | if handoff { TOKEN_HANDOFF_BIT } else { 0 })
+    }
+
     /// Wakes one parked thread after a release that found PARKED_BIT set
     /// (a thread parked during the hold); clears the bit if nobody else
     /// waits.
@@ -567,7 +604,7 @@ impl RawMutex {
                         Ordering::Acquire,
                         Ordering::Relaxed,
                     ) {
-                        Ok(_) => return TOKEN_HANDOFF,
+                        Ok(_) => return self.wake_token(true),
                         Err(now) => state = now,
                     }
                 }
@@ -575,7 +612,7 @@ impl RawMutex {
             if parked == 0 {
                 self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
             }
-            TOKEN_NORMAL
+            self.wake_token(false)
         };
         // SAFETY: `addr` is this lock's address (see `lock_slow`); the
         // callback only updates the lock word and does not panic or call
@@ -731,7 +768,14 @@ impl RawMutex {
         }
     }
 
-    /// The contended `lock`: waits, then records the wait.
+    /// The contended `lock`: waits, then records the wait. `sampled`: a
+    /// draw already chose to sample this hold; otherwise it is sampled by
+    /// the thread's operation number, as a `try_lock` is (a contended
+    /// `lock` is reported on its own, so it brings the thread no draw;
+    /// without this, a lock taken mostly after waits had its holds sampled
+    /// far below its level: 1 in ~5,000 at 1 in 256, where 95% of
+    /// acquisitions waited). Decided before the wait, so the hold itself
+    /// only stores its start.
     #[cold]
     #[inline(never)]
     fn lock_contended(&self, sampled: bool) {
@@ -739,10 +783,14 @@ impl RawMutex {
             self.lock_slow(0, Spin::Untimed, None);
             return;
         }
+        let sampled = sampled || self.sampler.wants_sample(super::next_thread_op());
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
-            parked_at, at: now, ..
+            parked,
+            at: now,
+            woken_after,
+            ..
         } = self.lock_slow(start, spin, None);
         let mut pending = self.record_wait(op::LOCK, now.saturating_sub(start).max(1));
         if sampled {
@@ -750,9 +798,8 @@ impl RawMutex {
             pending |= PENDING_SAMPLED;
         }
         self.pending.set(pending);
-        if parked_at != 0 {
-            self.probe
-                .emit(op::PARK, CONTENDED, now.saturating_sub(parked_at).max(1));
+        if parked && self.adaptive {
+            self.probe.emit(op::PARK, CONTENDED, woken_after);
         }
     }
 
@@ -812,7 +859,8 @@ impl RawMutex {
         let timed = !matches!(spin, Spin::Untimed);
         let tick = || if timed { clock::ticks() } else { 0 };
         let mut spinwait = SpinWait::new();
-        let mut parked_at = 0;
+        let mut parked = false;
+        let mut woken_after = 0;
         let mut at = start;
         let mut state = self.state.load(Ordering::Relaxed);
         loop {
@@ -827,8 +875,9 @@ impl RawMutex {
                     Ok(_) => {
                         return Slow {
                             acquired: true,
-                            parked_at,
+                            parked,
                             at,
+                            woken_after,
                         };
                     }
                     Err(now) => state = now,
@@ -870,9 +919,6 @@ impl RawMutex {
                 state = now;
                 continue;
             }
-            if self.adaptive && parked_at == 0 {
-                parked_at = clock::ticks().max(1);
-            }
             let addr = self as *const Self as usize;
             let validate = || self.state.load(Ordering::Relaxed) & !COUNT_BITS == LOCKED_BIT | PARKED_BIT;
             let timed_out = |_, was_last_thread| {
@@ -890,26 +936,35 @@ impl RawMutex {
                 parking_lot_core::park(addr, validate, || {}, timed_out, DEFAULT_PARK_TOKEN, deadline)
             };
             self.parkers.fetch_sub(1, Ordering::Relaxed);
+            at = tick();
             match result {
-                // The unlocking thread handed the lock over, still locked.
-                ParkResult::Unparked(TOKEN_HANDOFF) => {
-                    return Slow {
-                        acquired: true,
-                        parked_at,
-                        at: tick(),
-                    };
+                ParkResult::Unparked(token) => {
+                    parked = true;
+                    if let Some(ticks) = wake_ticks(token, at) {
+                        woken_after = ticks;
+                    }
+                    // The unlocking thread handed the lock over, still locked.
+                    if token.0 & TOKEN_HANDOFF_BIT != 0 {
+                        return Slow {
+                            acquired: true,
+                            parked,
+                            at,
+                            woken_after,
+                        };
+                    }
                 }
-                ParkResult::Unparked(_) | ParkResult::Invalid => {}
+                ParkResult::Invalid => {}
                 ParkResult::TimedOut => {
+                    parked = true;
                     return Slow {
                         acquired: false,
-                        parked_at,
-                        at: tick(),
+                        parked,
+                        at,
+                        woken_after,
                     };
                 }
             }
             spinwait.reset();
-            at = tick();
             state = self.state.load(Ordering::Relaxed);
         }
     }
@@ -940,10 +995,10 @@ impl RawMutex {
             if result.unparked_threads != 0 && (force_fair || result.be_fair) {
                 // Keep the lock locked for the woken thread.
                 self.state.store(counted | parked | LOCKED_BIT, Ordering::Relaxed);
-                return TOKEN_HANDOFF;
+                return self.wake_token(true);
             }
             self.state.store(counted | parked, Ordering::Release);
-            TOKEN_NORMAL
+            self.wake_token(false)
         };
         // SAFETY: `addr` is this lock's address (see `lock_slow`); the
         // callback only stores to the lock word and a local, and does not
@@ -1856,6 +1911,79 @@ mod tests {
             plain.raw().spin_policy(clock::ticks()),
             Spin::ParkingLot
         ));
+    }
+
+    /// A `lock` that waited is sampled at the lock's level too, by the
+    /// thread's operation number (it brings no draw). Every one of the
+    /// waiter's 128 `lock`s waits for the main thread's `try_lock` hold;
+    /// at 1 in 64 each thread's 64th and 128th operations are sampled:
+    /// two of the waiter's holds and two of the main thread's.
+    #[test]
+    fn contended_locks_are_sampled_at_the_level_too() {
+        const ROUNDS: usize = 128;
+        let name = unique("mutex-contended-sampling");
+        let m = Arc::new(Mutex::named(&name, 0u32));
+        set_sampling(&m, PolicyWord::default().with_sample_every(64));
+        let (go, wants) = std::sync::mpsc::channel::<()>();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let waiter = {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || {
+                while wants.recv().is_ok() {
+                    *m.lock() += 1;
+                    done.send(()).unwrap();
+                }
+            })
+        };
+        for _ in 0..ROUNDS {
+            let held = m.try_lock().expect("free between rounds");
+            let before = queued_on(m.raw());
+            go.send(()).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while queued_on(m.raw()) == before {
+                assert!(Instant::now() < deadline, "the waiter never parked");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            drop(held);
+            finished.recv().unwrap();
+        }
+        drop(go);
+        waiter.join().unwrap();
+        assert_eq!(*m.lock(), ROUNDS as u32);
+        let r = wait_for(&name, |r| {
+            op(r, op::LOCK).1 >= ROUNDS as u64 && held_samples(r) >= 4
+        });
+        // The waiter's, all waited for, and the check's own.
+        let rounds = ROUNDS as u64;
+        assert_eq!(op(&r, op::LOCK), (rounds + 1, rounds, 0, rounds));
+        assert_eq!(op(&r, op::TRY_LOCK).0, rounds);
+        assert_eq!(held_samples(&r), 4, "two holds of each thread");
+    }
+
+    /// An adaptive lock's `park` reports the waiter's wake-up, from the
+    /// releasing thread's call to wake it to it running: a fraction of a
+    /// wait that lasted as long as the 100 ms hold it queued behind.
+    #[test]
+    fn a_park_reports_its_wake_up_not_its_wait() {
+        let name = unique("adaptive-wake");
+        let raw = RawMutex::register(adaptive::KIND, Some(&name), Location::caller(), true);
+        let m = Arc::new(Mutex::from_raw(raw, 0u32));
+        // Park at once.
+        set_sampling(&m, PolicyWord::default().with_spin_ns(0).with_spin_pinned(true));
+        let held = m.lock();
+        let waiter = spawn_parked(&m, |m| *m.lock() += 1);
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+        waiter.join().unwrap();
+        let r = wait_for(&name, |r| op(r, op::PARK).0 >= 1 && op(r, op::LOCK).1 >= 1);
+        assert_eq!(op(&r, op::PARK), (1, 1, 0, 1));
+        let max_ns = |kind| {
+            let h = r.stats.op(kind).and_then(|o| o.latency()).expect("a latency");
+            crate::clock::calibration().ticks_to_ns(h.max())
+        };
+        let (waited, woken) = (max_ns(op::LOCK), max_ns(op::PARK));
+        assert!(waited >= 90_000_000, "waited only {waited} ns");
+        assert!(woken < waited / 4, "wake-up {woken} ns of a {waited} ns wait");
     }
 
     #[test]
