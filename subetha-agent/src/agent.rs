@@ -23,10 +23,11 @@
 //! [`AdaptiveMutex`](subetha_core::AdaptiveMutex) over the process's
 //! instances and writes the spin budgets it decides into their policy
 //! words, as the application's sidecar would: one policy per tracked
-//! process (its windows are per instance), all sharing one park-cost
-//! measurement that a background thread takes (never the scan thread: the
-//! measurement blocks for milliseconds). `AgentConfig::adaptive_policy`
-//! turns this off.
+//! process (its windows are per instance). A lock's park cost is its own
+//! waiters' wake-ups; until it has some, every policy falls back on one
+//! shared host measurement that a background thread takes (never the scan
+//! thread: the measurement blocks for milliseconds).
+//! `AgentConfig::adaptive_policy` turns this off.
 //!
 //! Stopping ([`AgentHandle::stop`]) drains once more and hands every lease
 //! back, so the applications' sidecars resume.

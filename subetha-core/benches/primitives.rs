@@ -661,8 +661,24 @@ const CONTENDED_WORK_NS: (u64, u64) = (50, 100);
 /// 2-vCPU VM a hammered lock's paired median moves by several per cent
 /// that way, so a row within that distance of the target is not resolved.
 const SAME_AGAIN: &str = "same_again";
+/// The id of the rows of an [`AdaptiveMutex`] whose budget is pinned at
+/// [`FIXED_SPIN_NS`]: classic fixed spin-then-park, what the adaptive
+/// policy is up against besides `parking_lot`.
+const FIXED_SPIN: &str = "fixed_spin";
 /// The budget of the `fixed_spin` variant.
 const FIXED_SPIN_NS: u64 = 16_384;
+
+/// An [`AdaptiveMutex`] that polls for [`FIXED_SPIN_NS`] before it parks,
+/// its budget pinned so the policy leaves it alone.
+fn fixed_spin_mutex(name: &str) -> AdaptiveMutex<u64> {
+    let fixed = AdaptiveMutex::named(name, 0);
+    let word = PolicyWord::default()
+        .with_spin_ns(FIXED_SPIN_NS)
+        .with_spin_pinned(true);
+    set_policy_word(fixed.instance_id().expect("registered"), word);
+    fixed.refresh_policy();
+    fixed
+}
 const CHANNEL_CAPACITY: usize = 1024;
 /// The `channel` `…-work` rows' busy work per message on each side, ns
 /// (jittered).
@@ -734,6 +750,13 @@ fn cases() -> Vec<Case> {
             threads,
             AdaptiveMutex::named(&format!("bench_contended_adaptive_{threads}"), 0),
         ));
+        cases.push(lock_case(
+            "contended",
+            format!("{FIXED_SPIN}/{set}"),
+            &set,
+            threads,
+            fixed_spin_mutex(&format!("bench_contended_fixed_{threads}")),
+        ));
         // Some work: a short critical section and twice that outside.
         let work = CONTENDED_WORK_NS;
         for pacing in [Pacing::Fixed, Pacing::Jittered] {
@@ -749,6 +772,8 @@ fn cases() -> Vec<Case> {
             cases.push(paced_work_case(group, "unobserved", args, unobserved));
             let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{tag}"), 0);
             cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
+            let fixed = fixed_spin_mutex(&format!("bench_contended_work_fixed_{tag}"));
+            cases.push(paced_work_case(group, FIXED_SPIN, args, Arc::new(fixed)));
         }
     }
     cases.extend(rwlock_cases("parking_lot", |_| parking_lot::RwLock::new(0)));
@@ -821,13 +846,8 @@ fn cases() -> Vec<Case> {
                 adaptive.instance_id().expect("registered"),
             ));
             cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
-            let fixed = AdaptiveMutex::named(&format!("bench_fixed_{tag}"), 0);
-            let word = PolicyWord::default()
-                .with_spin_ns(FIXED_SPIN_NS)
-                .with_spin_pinned(true);
-            set_policy_word(fixed.instance_id().expect("registered"), word);
-            fixed.refresh_policy();
-            cases.push(paced_work_case(group, "fixed_spin", args, Arc::new(fixed)));
+            let fixed = fixed_spin_mutex(&format!("bench_fixed_{tag}"));
+            cases.push(paced_work_case(group, FIXED_SPIN, args, Arc::new(fixed)));
         }
     }
     cases
@@ -929,10 +949,20 @@ fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
         }
         let mut ns: Vec<Vec<f64>> = vec![Vec::new(); members.len()];
         let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); members.len()];
-        for round in 0..rounds {
-            // Rotate the starting member so none always runs first.
-            for k in 0..members.len() {
-                let i = (k + round as usize) % members.len();
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        let mut rng = 0x9E37_79B9_7F4A_7C15_u64;
+        for _ in 0..rounds {
+            // A new order every round, so no member always runs first or
+            // always follows the same neighbour: with a rotation, whatever
+            // one member leaves behind (a backlog for the sidecar to
+            // drain, a cache or frequency state) always fell on the next.
+            for k in (1..order.len()).rev() {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                order.swap(k, (rng % (k as u64 + 1)) as usize);
+            }
+            for &i in &order {
                 let cpu_before = process_cpu_ns();
                 let (ops, elapsed) = (members[i].run)(Budget::Time(slice));
                 let cpu_used = process_cpu_ns().saturating_sub(cpu_before);
@@ -981,8 +1011,11 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
         let r = &row.ratio;
         // One-thread rows are judged by the "+5 ns", not by 95%.
         let one_thread = row.group == "rwlock" && row.id.ends_with("/1");
-        let judged =
-            matches!(row.group, "contended" | "rwlock" | "channel") && !row.is_baseline && !one_thread;
+        // Nor is the fixed spin, a comparison for the adaptive policy.
+        let judged = matches!(row.group, "contended" | "rwlock" | "channel")
+            && !row.is_baseline
+            && !one_thread
+            && !row.id.starts_with(FIXED_SPIN);
         out.push_str(&format!(
             "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% ({:.1}–{:.1}%) [{:.1}–{:.1}%]  {}\n",
             row.group,

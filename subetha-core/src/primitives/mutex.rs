@@ -46,7 +46,9 @@
 //! recorded wait is still measured at acquisition).
 //!
 //! Hold times are sampled at the level in the instance's policy word (1 in
-//! 256 by default) in expectation, at random, not every 256th acquisition: a
+//! 256 by default) in expectation, at random, not every 256th acquisition
+//! (an acquisition reported on its own, a `lock` that waited or a
+//! `try_lock`, is sampled by its thread's operation number instead): a
 //! sampled hold runs from a clock reading just before the acquisition (or
 //! the end of its wait) to one just after the release, so it includes the
 //! acquiring instruction (a few ns, more when another core holds the lock
