@@ -24,8 +24,9 @@
 //! context switch?": spinning for as long as parking and being woken would
 //! cost never does worse than twice the better of the two, and a waiter
 //! whose lock comes free within a short hold should not park at all. The
-//! policy therefore needs two numbers: how long the lock is held, and what
-//! a park/wake hand-off costs. It observes both on the lock itself: the
+//! policy therefore needs what a park/wake hand-off costs, and how long the
+//! lock is held (only to tell holds so short that polling hurts, step 3
+//! below). It observes both on the lock itself: the
 //! park cost is the p50 of the lock's `park` wake-ups, once a window holds
 //! [`AdaptiveConfig::min_wake_samples`] of them, kept until a later window
 //! brings as many (a lock that spins long enough parks rarely).
@@ -83,7 +84,7 @@
 //!    preempted or by the waiters ahead of it, then parked after a few µs
 //!    and paid a wake-up of tens of µs. With holds of 500 ns and 500 ns
 //!    outside, two threads, the lock ran at 103–106% of `parking_lot`
-//!    that way, and a lock pinned at a 16 µs budget at 111–116%.)
+//!    that way, and a lock pinned at a 16 µs budget at 111–118%.)
 //!
 //! A word with the pin bit set is left alone. The policy finds its window
 //! for an instance through the word's `TAG` field (it assigns tags itself),
