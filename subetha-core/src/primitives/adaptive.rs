@@ -35,7 +35,7 @@
 //! waiter's CPU is doing. A separate measurement misleads: a futex
 //! ping-pong ([`measure_park_cost_ns`]) taken while two threads kept this
 //! 2-vCPU VM busy read 2.5–4 µs, while the lock's own waiters, whose CPUs
-//! go idle once they park, took 13–25 µs to wake (p50); with the
+//! go idle once they park, took 12–25 µs to wake (p50); with the
 //! ping-pong's figure as the cap, a lock held 20 µs at a time spun 2.5–4 µs,
 //! parked anyway, and ran at 86–96% of `parking_lot`'s throughput.
 //!
@@ -93,7 +93,7 @@
 //!
 //! Limitation: spinning assumes the lock holder is running. On a host with
 //! more runnable threads than CPUs a spinning waiter can take the CPU the
-//! holder needs; the budget's cap (one park cost) bounds that waste.
+//! holder needs; the budget (one park cost) bounds that waste.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -279,7 +279,7 @@ pub struct AdaptiveConfig {
     /// ns) and those where polling for a budget held its own (500 ns and
     /// up).
     pub yield_below_hold_ns: u64,
-    /// The cost of parking and being woken, which caps the budget; `None`:
+    /// The cost of parking and being woken, which is the budget; `None`:
     /// observed on each lock's own wake-ups, and until a lock has any,
     /// measured on this host ([`shared_park_cost_ns`]).
     pub park_cost_ns: Option<u64>,

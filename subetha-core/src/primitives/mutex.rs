@@ -94,9 +94,10 @@ pub mod op {
     /// A sampled release; latency = hold time.
     pub const UNLOCK: u16 = 3;
     /// ([`AdaptiveMutex`](crate::AdaptiveMutex) only) the spin budget ran
-    /// out and the thread parked; latency = its (last) wake-up: from the
-    /// releasing thread's call to wake it to it running again (none if it
-    /// was never woken that way, e.g. the lock came free as it parked).
+    /// out and the thread slept in a park; latency = its (last) wake-up:
+    /// from the releasing thread's call to wake it to it running again
+    /// (none if the two CPUs' clocks disagreed, the waker's reading later
+    /// than the woken thread's).
     pub const PARK: u16 = 4;
 }
 
