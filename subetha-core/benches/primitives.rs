@@ -14,7 +14,7 @@
 //! | `channel` `…/turns` | one message sent and received by the same thread (capacity 1024): the operations' own cost |
 //! | `channel` `…/spsc`, `…/mpmc` | one message sent and received (capacity 1024; 1+1 or 2+2 threads) |
 //! | `channel` `…/spsc-work`, `…/mpmc-work` | the same with 100 ns of busy work per message on each side, jittered |
-//! | `adaptive` `…/<cs>+<out>ns/{2,4}` | one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it |
+//! | `adaptive` `…/hammer/{2,4}`, `…/<cs>+<out>ns[-jitter]/{2,4}` | as in `contended`: the hammer; one acquisition holding the lock for `<cs>` ns of busy work, then `<out>` ns of work outside it (50+100 fixed and jittered, then 500+500, 2000+2000, 20000+20000, 50000+150000) |
 //!
 //! Implementations: `parking_lot` / `crossbeam` (the wrapped types, the
 //! baseline of each comparison), `same_again` (the baseline's type again,
@@ -51,7 +51,7 @@
 //! 100 ms; also when built as a test, without `--bench`), `SUBETHA_BENCH_ROUNDS` (default 200), `SUBETHA_BENCH_SLICE_MS`
 //! (default 10: on a VM whose speed drifts, many short slices give a
 //! median within a few % in one run; between runs, the regime a
-//! two-thread workload falls into can still move it further), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (adaptive scenarios,
+//! two-thread workload falls into can still move it further), `SUBETHA_BENCH_ADAPTIVE="cs:out,…"` (the adaptive group's paced scenarios, fixed pacing,
 //! ns), `SUBETHA_BENCH_ONLY=<group>/<id>` (run that one case alone for
 //! `SUBETHA_BENCH_SLICE_MS`, default 2000, and print its ns/op and, per op
 //! of each instance, what the sidecar recorded: operations, contended ones,
@@ -637,19 +637,26 @@ fn scenario_set((cs, out): (u64, u64), pacing: Pacing, threads: usize) -> String
     format!("{cs}+{out}ns{}/{threads}", pacing.suffix())
 }
 
-/// The adaptive comparison's scenarios: (critical section, work outside),
-/// ns.
-fn scenarios() -> Vec<(u64, u64)> {
+/// The adaptive comparison's scenarios besides the hammer: (critical
+/// section, work outside) in ns, and pacing.
+fn adaptive_scenarios() -> Vec<((u64, u64), Pacing)> {
     if let Ok(spec) = std::env::var("SUBETHA_BENCH_ADAPTIVE") {
         return spec
             .split(',')
             .filter_map(|s| {
                 let (cs, out) = s.split_once(':')?;
-                Some((cs.trim().parse().ok()?, out.trim().parse().ok()?))
+                Some(((cs.trim().parse().ok()?, out.trim().parse().ok()?), Pacing::Fixed))
             })
             .collect();
     }
-    vec![(500, 500), (2_000, 2_000), (20_000, 20_000), (50_000, 150_000)]
+    let mut all = vec![
+        (CONTENDED_WORK_NS, Pacing::Fixed),
+        (CONTENDED_WORK_NS, Pacing::Jittered),
+    ];
+    all.extend(
+        [(500, 500), (2_000, 2_000), (20_000, 20_000), (50_000, 150_000)].map(|work| (work, Pacing::Fixed)),
+    );
+    all
 }
 
 /// The `contended` group's workload besides the hammer: (critical section,
@@ -750,13 +757,7 @@ fn cases() -> Vec<Case> {
             threads,
             AdaptiveMutex::named(&format!("bench_contended_adaptive_{threads}"), 0),
         ));
-        cases.push(lock_case(
-            "contended",
-            format!("{FIXED_SPIN}/{set}"),
-            &set,
-            threads,
-            fixed_spin_mutex(&format!("bench_contended_fixed_{threads}")),
-        ));
+
         // Some work: a short critical section and twice that outside.
         let work = CONTENDED_WORK_NS;
         for pacing in [Pacing::Fixed, Pacing::Jittered] {
@@ -772,8 +773,6 @@ fn cases() -> Vec<Case> {
             cases.push(paced_work_case(group, "unobserved", args, unobserved));
             let adaptive = AdaptiveMutex::named(&format!("bench_contended_work_adaptive_{tag}"), 0);
             cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
-            let fixed = fixed_spin_mutex(&format!("bench_contended_work_fixed_{tag}"));
-            cases.push(paced_work_case(group, FIXED_SPIN, args, Arc::new(fixed)));
         }
     }
     cases.extend(rwlock_cases("parking_lot", |_| parking_lot::RwLock::new(0)));
@@ -832,17 +831,35 @@ fn cases() -> Vec<Case> {
             }),
         ));
     }
-    for scenario in scenarios() {
+    // The policy against fixed spinning: a group of its own, so the
+    // spinning rows do not share rounds with the `contended` group's.
+    let group = "adaptive";
+    for threads in [2, 4] {
+        let set = format!("hammer/{threads}");
+        let case = |id: &str| format!("{id}/{set}");
+        let pl = parking_lot::Mutex::new(0);
+        cases.push(lock_case(group, case("parking_lot"), &set, threads, pl));
+        let plain = Mutex::named(&format!("bench_plain_hammer_{threads}"), 0);
+        cases.push(lock_case(group, case("subetha"), &set, threads, plain));
+        let adaptive = AdaptiveMutex::named(&format!("bench_adaptive_hammer_{threads}"), 0);
+        ADAPTIVE_LOCKS
+            .lock()
+            .push((set.clone(), adaptive.instance_id().expect("registered")));
+        cases.push(lock_case(group, case("adaptive"), &set, threads, adaptive));
+        let fixed = fixed_spin_mutex(&format!("bench_fixed_hammer_{threads}"));
+        cases.push(lock_case(group, case(FIXED_SPIN), &set, threads, fixed));
+    }
+    for (scenario, pacing) in adaptive_scenarios() {
         for threads in [2, 4] {
-            let tag = format!("{}_{}_{threads}", scenario.0, scenario.1);
-            let (group, args) = ("adaptive", (scenario, Pacing::Fixed, threads));
+            let tag = format!("{}_{}_{threads}{}", scenario.0, scenario.1, pacing.suffix());
+            let args = (scenario, pacing, threads);
             let pl = Arc::new(parking_lot::Mutex::new(0));
             cases.push(paced_work_case(group, "parking_lot", args, pl));
             let plain = Arc::new(Mutex::named(&format!("bench_plain_{tag}"), 0));
             cases.push(paced_work_case(group, "subetha", args, plain));
             let adaptive = AdaptiveMutex::named(&format!("bench_adaptive_{tag}"), 0);
             ADAPTIVE_LOCKS.lock().push((
-                scenario_set(scenario, Pacing::Fixed, threads),
+                scenario_set(scenario, pacing, threads),
                 adaptive.instance_id().expect("registered"),
             ));
             cases.push(paced_work_case(group, "adaptive", args, Arc::new(adaptive)));
