@@ -429,14 +429,22 @@ fn work_per_us() -> u64 {
     })
 }
 
+/// One xorshift64 step (`x` nonzero): the bench's busy work and its
+/// random draws.
+#[inline(always)]
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
 /// `n` rounds of a dependent xorshift chain.
 #[inline(never)]
 fn busy(n: u64) -> u64 {
     let mut x = black_box(0x9E37_79B9_7F4A_7C15u64);
     for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        x = xorshift(x);
     }
     black_box(x)
 }
@@ -490,9 +498,7 @@ impl Pacing {
                 z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
                 x = (z ^ (z >> 31)) | 1;
             }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = xorshift(x);
             rng.set(x);
             x
         });
@@ -757,7 +763,6 @@ fn cases() -> Vec<Case> {
             threads,
             AdaptiveMutex::named(&format!("bench_contended_adaptive_{threads}"), 0),
         ));
-
         // Some work: a short critical section and twice that outside.
         let work = CONTENDED_WORK_NS;
         for pacing in [Pacing::Fixed, Pacing::Jittered] {
@@ -974,9 +979,7 @@ fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
             // one member leaves behind (a backlog for the sidecar to
             // drain, a cache or frequency state) always fell on the next.
             for k in (1..order.len()).rev() {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
+                rng = xorshift(rng);
                 order.swap(k, (rng % (k as u64 + 1)) as usize);
             }
             for &i in &order {
@@ -1028,11 +1031,8 @@ fn summary(rows: &[Row], started: Instant, load_before: &str) {
         let r = &row.ratio;
         // One-thread rows are judged by the "+5 ns", not by 95%.
         let one_thread = row.group == "rwlock" && row.id.ends_with("/1");
-        // Nor is the fixed spin, a comparison for the adaptive policy.
-        let judged = matches!(row.group, "contended" | "rwlock" | "channel")
-            && !row.is_baseline
-            && !one_thread
-            && !row.id.starts_with(FIXED_SPIN);
+        let judged =
+            matches!(row.group, "contended" | "rwlock" | "channel") && !row.is_baseline && !one_thread;
         out.push_str(&format!(
             "{:<12} {:<30} {:>10.1} {:>10.1}  {:>6.1}% ({:.1}–{:.1}%) [{:.1}–{:.1}%]  {}\n",
             row.group,
