@@ -18,6 +18,9 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// [`RatioSummary::verdict`] when the interval holds the target.
+pub const SPANS: &str = "CI spans target";
+
 /// The paired per-round ratios of one comparison, summarised.
 #[derive(Clone, Copy, Debug)]
 pub struct RatioSummary {
@@ -59,7 +62,7 @@ impl RatioSummary {
         } else if self.ci.1 < target {
             "MISSES"
         } else {
-            "CI spans target"
+            SPANS
         }
     }
 }
