@@ -76,7 +76,8 @@
 //! words as before.
 //!
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) is never
-//! biased and reads no clock even when it waits.
+//! biased and reads no clock even when it waits; its blocking `read` and
+//! `write` are `parking_lot`'s own.
 
 use std::cell::Cell;
 use std::fmt;
@@ -914,6 +915,17 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     fn lock_shared(&self) {
+        // Unobserved: nothing to tell apart, so `parking_lot`'s own
+        // acquisition, not a `try` first. (Its `try` retries at once a
+        // compare-and-swap that lost to another reader's, where its
+        // `lock` backs off first. Two or four threads hammering `read()`, two
+        // alternating runs each of `--bench rwlock`: 84.0–86.5% of
+        // `parking_lot` with the `try` first, 86.5–98.0% without.)
+        if self.observed.is_none() {
+            self.remember_shared_hold();
+            self.inner.lock_shared();
+            return;
+        }
         let ticket = self.ticket();
         // Remembered before the hold: between the acquisition's atomic
         // operation and the release's, the other reader's next attempt
@@ -945,6 +957,11 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     fn lock_exclusive(&self) {
+        // Unobserved: never biased, so `parking_lot`'s own acquisition.
+        if self.observed.is_none() {
+            self.inner.lock_exclusive();
+            return;
+        }
         let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
             self.exclude_then_report(op::WRITE, ticket);
