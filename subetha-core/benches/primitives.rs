@@ -942,6 +942,12 @@ fn judged(group: &str, id: &str, is_baseline: bool) -> bool {
     matches!(group, "contended" | "rwlock" | "channel") && !is_baseline && !one_thread
 }
 
+/// Member `i`'s throughput relative to the baseline's (member 0), round
+/// by round: baseline ns / member ns.
+fn paired_ratios(ns: &[Vec<f64>], i: usize) -> Vec<f64> {
+    ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect()
+}
+
 /// Whether some judged member's paired interval, after the rounds in
 /// `ns`, still spans the target. Such a comparison runs more rounds: a
 /// verdict is only as good as its interval, and on this VM 200 rounds
@@ -949,8 +955,7 @@ fn judged(group: &str, id: &str, is_baseline: bool) -> bool {
 fn undecided(members: &[&Case], ns: &[Vec<f64>]) -> bool {
     members.iter().enumerate().skip(1).any(|(i, case)| {
         judged(case.group, &case.id, false) && {
-            let ratios = ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect();
-            RatioSummary::of(ratios).verdict(THROUGHPUT_TARGET) == SPANS
+            RatioSummary::of(paired_ratios(ns, i)).verdict(THROUGHPUT_TARGET) == SPANS
         }
     })
 }
@@ -1026,14 +1031,13 @@ fn interleaved(cases: &[Case], filter: Option<&str>) -> Vec<Row> {
             }
         }
         for (i, case) in members.iter().enumerate() {
-            let ratios: Vec<f64> = ns[0].iter().zip(&ns[i]).map(|(b, x)| b / x).collect();
             rows.push(Row {
                 group,
                 id: case.id.clone(),
                 ns_per_op: median(&mut ns[i].clone()),
                 cpu_ns_per_op: median(&mut cpu[i].clone()),
                 is_baseline: i == 0,
-                ratio: RatioSummary::of(ratios),
+                ratio: RatioSummary::of(paired_ratios(&ns, i)),
                 rounds: round,
             });
         }
