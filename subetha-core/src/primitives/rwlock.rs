@@ -957,14 +957,18 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
 
     #[inline(always)]
     fn lock_exclusive(&self) {
-        // Unobserved: never biased, so `parking_lot`'s own acquisition.
-        if self.observed.is_none() {
-            self.inner.lock_exclusive();
-            return;
-        }
+        // Nothing of the lock is read before the compare-and-swap: a load
+        // of its line there costs the swap its exclusive ownership, as the
+        // `Mutex`'s does. (50 ns reads and writes mixed one in eight on two
+        // threads, four alternating runs of `--bench mixed`: 93.1-94.3% of
+        // `parking_lot` with `observed` read first, 94.6-96.0% without;
+        // the unobserved lock 97.1-97.7% and 97.9-100.2%.)
         let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
-            self.exclude_then_report(op::WRITE, ticket);
+            // An unobserved lock is never biased and reports nothing.
+            if self.observed.is_some() {
+                self.exclude_then_report(op::WRITE, ticket);
+            }
         } else {
             self.wait_for(op::WRITE, true, ticket, |_| {
                 self.exclusive_then_exclude(|inner| inner.lock_exclusive());
@@ -2193,6 +2197,45 @@ mod tests {
         let (sa, sb) = (op(&ra, op::READ_UNLOCK).0, op(&rb, op::READ_UNLOCK).0);
         assert!((185..=315).contains(&sa), "a: {sa} of {ROUNDS} sampled");
         assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS} sampled");
+    }
+
+    /// Plain `read`s and `write`s pick up a level a consumer sets when
+    /// their counts are pushed, without an explicit refresh: sampling
+    /// turned off, then every hold, then off again.
+    #[test]
+    fn counted_reads_and_writes_follow_a_level_set_by_the_consumer() {
+        let name = unique("rwlock-count-refresh");
+        let l = RwLock::named(&name, ());
+        let id = l.instance_id().unwrap();
+        let mut expected = (0, 0);
+        for (every, rounds) in [(0, 640), (1, 640), (0, 640)] {
+            assert!(set_policy_word(
+                id,
+                PolicyWord::default().with_sample_every(every)
+            ));
+            for round in 0..rounds {
+                drop(l.read());
+                drop(l.write());
+                // The first 128 operations after the change may still
+                // run at the old level: the new one comes with a count.
+                if every == 1 && round >= 128 {
+                    expected.0 += 1;
+                    expected.1 += 1;
+                }
+            }
+        }
+        drop(l);
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 == 1920 && op(r, op::WRITE).0 == 1920
+        });
+        let (reads, writes) = (op(&r, op::READ_UNLOCK).0, op(&r, op::WRITE_UNLOCK).0);
+        // At least every hold from the 128th on; at most all 640 and the
+        // 128 after the level went back to off.
+        assert!((expected.0..=768).contains(&reads), "{reads} read holds sampled");
+        assert!(
+            (expected.1..=768).contains(&writes),
+            "{writes} write holds sampled"
+        );
     }
 
     /// A lock only ever taken by `try_read` and `try_write` has no counts,
