@@ -960,9 +960,9 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
         // Nothing of the lock is read before the compare-and-swap: a load
         // of its line there costs the swap its exclusive ownership, as the
         // `Mutex`'s does. (50 ns reads and writes mixed one in eight on two
-        // threads, four alternating runs of `--bench mixed`: 93.1-94.3% of
-        // `parking_lot` with `observed` read first, 94.6-96.0% without;
-        // the unobserved lock 97.1-97.7% and 97.9-100.2%.)
+        // threads, six alternating runs: 91.4-94.3% of `parking_lot` with
+        // `observed` read first, 94.1-96.0% without; the unobserved lock
+        // 96.4-97.7% and 97.6-100.2%.)
         let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
             // An unobserved lock is never biased and reports nothing.
