@@ -616,6 +616,41 @@ pub(crate) fn next_hold_random() -> u32 {
     })
 }
 
+thread_local! {
+    /// Acquisitions of unobserved locks that found this thread's
+    /// hold-sampler draw pending and left it, since an observed lock last
+    /// paid one (see [`unobserved_lock_drops_draw`]).
+    static DRAW_PASSED_BY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// How many acquisitions of unobserved locks a pending draw survives.
+const DRAW_OUTLIVES_UNOBSERVED: u32 = 64;
+
+/// An unobserved `Mutex` or `RwLock`, about to be taken, found this
+/// thread's draw of the hold sampler pending (`first`: it is the thread's
+/// first-acquisition draw): whether to clear it. It has no hold to sample,
+/// and a draw it cleared would be lost to the observed lock whose count
+/// left it (a thread alternating between the two would never sample that
+/// lock's holds), so it leaves the draw for the next observed
+/// acquisition. But each acquisition that finds a draw pending takes a
+/// slower path, so after [`DRAW_OUTLIVES_UNOBSERVED`] of them (a thread
+/// that took an observed lock once and now takes only unobserved ones)
+/// the draw goes.
+pub(crate) fn unobserved_lock_drops_draw(first: bool) -> bool {
+    DRAW_PASSED_BY.with(|passed| {
+        let n = passed.get() + 1;
+        let drop = first || n >= DRAW_OUTLIVES_UNOBSERVED;
+        passed.set(if drop { 0 } else { n });
+        drop
+    })
+}
+
+/// An observed lock paid this thread's draw (see
+/// [`unobserved_lock_drops_draw`]).
+pub(crate) fn draw_paid() {
+    DRAW_PASSED_BY.with(|passed| passed.set(0));
+}
+
 /// Ticks elapsed since `start`, at least 1 (0 means "not measured").
 #[inline]
 pub(crate) fn since(start: u64) -> u64 {

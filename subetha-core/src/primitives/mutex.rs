@@ -74,7 +74,10 @@ use std::time::{Duration, Instant};
 use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, held, next_hold_random};
+use super::{
+    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, draw_paid, held, next_hold_random,
+    unobserved_lock_drops_draw,
+};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -387,9 +390,17 @@ thread_local! {
     /// owed, so the thread's next `lock` draws again, with probability
     /// 1 / level: exact for a thread that keeps taking that mutex, lower
     /// (down to 1 in [`HOLD_SAMPLE_EVERY`]) while it takes others. A
-    /// thread's first `lock` draws with weight 1.
-    static HOLD_DRAW: Cell<u32> = const { Cell::new(1) };
+    /// `lock` of an unmeasured mutex pays no draw. [`FIRST_DRAW`] until the
+    /// thread's first `lock` of a measured one.
+    static HOLD_DRAW: Cell<u32> = const { Cell::new(FIRST_DRAW) };
 }
+
+/// `HOLD_DRAW` of a thread that has locked no measured mutex yet: its
+/// first `lock` of one draws with weight 1. An unmeasured mutex that finds
+/// it clears it, so a thread that takes only unmeasured mutexes reads one
+/// thread-local per `lock` and no more; a draw that counts left, it
+/// leaves for a while (see [`unobserved_lock_drops_draw`]).
+const FIRST_DRAW: u32 = u32::MAX;
 
 /// Reports the uncontended `lock`s no count covers yet, before the probe
 /// (dropped after this) unregisters the instance.
@@ -729,9 +740,11 @@ impl RawMutex {
     #[inline(never)]
     fn lock_drawing_a_sample(&self, weight: u32) {
         if self.unmeasured() {
-            // Nothing to sample. (Its own counts schedule no draws, so this
-            // is the thread's first, or one an observed mutex left.)
-            HOLD_DRAW.with(|draw| draw.set(0));
+            // Nothing to sample; a draw a measured mutex's count left
+            // stays for the next measured `lock`, for a while.
+            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
+                HOLD_DRAW.with(|draw| draw.set(0));
+            }
             if self.lock_fast() {
                 self.acquired_plain();
             } else {
@@ -739,6 +752,8 @@ impl RawMutex {
             }
             return;
         }
+        draw_paid();
+        let weight = if weight == FIRST_DRAW { 1 } else { weight };
         let mask = self.sampler.mask();
         // Probability weight / level (certain once the weight covers it).
         let sampled = mask != Sampler::OFF && next_hold_random() & mask < weight;
@@ -1042,7 +1057,9 @@ impl RawMutex {
         }
         if count.ends_a_batch() && !self.unmeasured() {
             HOLD_DRAW.with(|draw| {
-                if draw.get() == 0 {
+                // (`FIRST_DRAW` only until the thread's first measured
+                // `lock`, which comes before any count.)
+                if draw.get() == 0 || draw.get() == FIRST_DRAW {
                     draw.set(HOLD_SAMPLE_EVERY);
                 }
             });
@@ -2253,6 +2270,63 @@ mod tests {
         let (sa, sb) = (held_samples(&ra), held_samples(&rb));
         assert!((185..=315).contains(&sa), "a: {sa} of {ROUNDS}");
         assert!((80..=170).contains(&sb), "b: {sb} of {ROUNDS}");
+    }
+
+    /// A draw that a measured mutex's count leaves waits for the thread's
+    /// next `lock` of a measured mutex: `lock`s of an unobserved one in
+    /// between do not take it. At a level of 1 in 64 each such draw
+    /// (weight 64) samples the next hold for certain.
+    #[test]
+    fn unobserved_locks_leave_a_measured_mutexs_draws_alone() {
+        const ROUNDS: u64 = 6400;
+        let name = unique("mutex-draws-kept");
+        let (observed, unobserved) = (Mutex::named(&name, ()), Mutex::unobserved(()));
+        set_sampling(&observed, PolicyWord::default().with_sample_every(64));
+        for _ in 0..ROUNDS {
+            drop(observed.lock());
+            drop(unobserved.lock());
+        }
+        let counted = ROUNDS - u64::from(observed.raw().count().uncounted());
+        let r = wait_for(&name, |r| op(r, op::LOCK).0 >= counted);
+        // The batches end at the 64th, 128th ... 6,336th `lock` with a
+        // hold after them: 99 samples, and the first `lock` draws with
+        // weight 1 (1 in 64). Taken by the unobserved mutex, the draws
+        // would leave none.
+        let samples = held_samples(&r);
+        assert!(
+            (99..=100).contains(&samples),
+            "{samples} of {ROUNDS} holds sampled"
+        );
+    }
+
+    /// A draw left pending survives 63 `lock`s of unobserved mutexes and
+    /// goes at the 64th, so a thread that now takes only those is back on
+    /// their fast path.
+    #[test]
+    fn a_pending_draw_outlives_64_unobserved_locks_at_most() {
+        let observed = Mutex::named(&unique("mutex-draw-outlived"), ());
+        let unobserved = Mutex::unobserved(());
+        set_sampling(&observed, PolicyWord::default().with_sample_every(256));
+        // The thread's first `lock` pays its first draw; a count that ends
+        // a batch (within 64 uncontended `lock`s) leaves the next.
+        drop(observed.lock());
+        let mut locks = 1;
+        while HOLD_DRAW.with(Cell::get) == 0 && locks < 200 {
+            drop(observed.lock());
+            locks += 1;
+        }
+        let pending = HOLD_DRAW.with(Cell::get);
+        assert!(
+            pending != 0 && pending != FIRST_DRAW,
+            "a draw is pending: {pending}"
+        );
+        assert!(locks <= 65, "the draw came after {locks} locks");
+        for _ in 0..63 {
+            drop(unobserved.lock());
+        }
+        assert_eq!(HOLD_DRAW.with(Cell::get), pending, "kept for 63");
+        drop(unobserved.lock());
+        assert_eq!(HOLD_DRAW.with(Cell::get), 0, "dropped at the 64th");
     }
 
     #[test]

@@ -44,14 +44,17 @@
 //! Hold sampling is decided before the acquisition, as the
 //! [`Mutex`](super::Mutex)'s is: a count that covers `k` uncontended
 //! operations leaves its thread a draw of weight `k` (`RW_HOLD_DRAW`), and
-//! the thread's next acquisition of an `RwLock` pays it: sampled with
+//! the thread's next acquisition of an observed `RwLock` pays it (up to
+//! 64 acquisitions of unobserved locks in between leave it be): sampled
+//! with
 //! probability `k` / the lock's level, its clock read before the atomic
 //! operation. So holds are sampled at the lock's level in expectation, at
 //! random, the common acquisition reads one thread-local and stores none,
 //! and nothing is decided inside the hold. A sampled hold runs from that
 //! reading (or the end of its wait) to just after the release. Levels
 //! finer than 1 in 64 are exact for a thread that keeps taking the lock,
-//! lower (down to 1 in 64) for one that takes other locks in between.
+//! lower (down to 1 in 64) for one that takes other observed locks in
+//! between.
 //! Acquisitions reported one by one (`try_*`, timed, waited, upgrades)
 //! are not counted, so they bring no draws: they are sampled by the
 //! thread's operation number as well, out of line, and re-read the policy
@@ -93,7 +96,10 @@ use lock_api::{
 use super::held::{HoldRecord, Records, hold_records};
 use super::op_counts::{BATCH, OpCounts};
 use super::reader_bias::{self, BiasPolicy, RevokeWait};
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, next_hold_random, next_thread_op, since};
+use super::{
+    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, draw_paid, next_hold_random, next_thread_op, since,
+    unobserved_lock_drops_draw,
+};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -200,11 +206,18 @@ thread_local! {
     /// itself just after the release, the pointer would pull the lock's
     /// line back from the thread taking the lock next.
     static LAST_READ: Cell<(usize, *const OpCounts<2>)> = const { Cell::new((0, std::ptr::null())) };
-    /// A draw of the hold sampler this thread owes its next `RwLock`
-    /// acquisition, as its weight (0: none; see the module docs). A
-    /// thread's first acquisition draws with weight 1.
-    static RW_HOLD_DRAW: Cell<u64> = const { Cell::new(1) };
+    /// A draw of the hold sampler this thread owes its next acquisition
+    /// of an observed `RwLock`, as its weight (0: none; see the module
+    /// docs), or [`FIRST_DRAW`].
+    static RW_HOLD_DRAW: Cell<u64> = const { Cell::new(FIRST_DRAW) };
 }
+
+/// `RW_HOLD_DRAW` of a thread that has taken no observed `RwLock` yet: its
+/// first acquisition of one draws with weight 1. An unobserved lock that
+/// finds it clears it, so a thread that takes only unobserved locks reads
+/// one thread-local and no more; a draw that counts left, it leaves for a
+/// while (see [`unobserved_lock_drops_draw`]).
+const FIRST_DRAW: u64 = u64::MAX;
 
 /// Decided before an acquisition's atomic operation: whether its hold is
 /// sampled, and if so a clock reading the hold can start from.
@@ -403,14 +416,19 @@ impl RawRwLock {
     /// once the weight covers it), its clock read now, before the lock is
     /// taken. A lock sampled finer than a count's batch leaves the next
     /// acquisition a draw of weight 1.
+    /// An unobserved lock pays no draw (see
+    /// [`unobserved_lock_drops_draw`]).
     #[cold]
     #[inline(never)]
     fn drawn_ticket(&self, weight: u64) -> Ticket {
         if self.observed.is_none() {
-            // Nothing to sample; its counts schedule no draws.
-            RW_HOLD_DRAW.with(|draw| draw.set(0));
+            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
+                RW_HOLD_DRAW.with(|draw| draw.set(0));
+            }
             return Ticket::REPORTED;
         }
+        draw_paid();
+        let weight = if weight == FIRST_DRAW { 1 } else { weight };
         let mask = self.sampler.mask();
         let fine = mask != Sampler::OFF && u64::from(mask) < BATCH - 1;
         RW_HOLD_DRAW.with(|draw| draw.set(u64::from(fine)));
@@ -451,7 +469,12 @@ impl RawRwLock {
     #[inline(never)]
     fn emit_count(&self, op: u16, covered: u64) {
         self.probe.emit(op, COUNT, covered);
-        RW_HOLD_DRAW.with(|draw| draw.set(draw.get().saturating_add(covered)));
+        RW_HOLD_DRAW.with(|draw| {
+            // (`FIRST_DRAW` only until the thread's first acquisition of an
+            // observed lock, which comes before any count of one.)
+            let owed = if draw.get() == FIRST_DRAW { 1 } else { draw.get() };
+            draw.set(owed.saturating_add(covered).min(FIRST_DRAW - 1));
+        });
         self.refresh_policy();
     }
 
@@ -1667,7 +1690,9 @@ mod tests {
             move || *l.write() += 1
         });
         let mut guard = guard;
-        while !l.raw().inner.is_locked_exclusive() {
+        // The writer holds the word, then clears the bias: only then does
+        // it wait for this reader.
+        while !l.raw().inner.is_locked_exclusive() || l.raw().bias.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
         RwLockReadGuard::bump(&mut guard);
@@ -2216,8 +2241,8 @@ mod tests {
             for round in 0..rounds {
                 drop(l.read());
                 drop(l.write());
-                // The first 128 operations after the change may still
-                // run at the old level: the new one comes with a count.
+                // The first 128 rounds after the change may still run at
+                // the old level: the new one comes with a count.
                 if every == 1 && round >= 128 {
                     expected.0 += 1;
                     expected.1 += 1;
@@ -2235,6 +2260,41 @@ mod tests {
         assert!(
             (expected.1..=768).contains(&writes),
             "{writes} write holds sampled"
+        );
+    }
+
+    /// A draw that an observed lock's count leaves waits for that thread's
+    /// next acquisition of an observed lock: writes to an unobserved lock
+    /// in between do not take it. At a level of 1 in 64 each count's draw
+    /// (weight 64) samples the next observed hold for certain.
+    #[test]
+    fn unobserved_writes_leave_an_observed_locks_draws_alone() {
+        const ROUNDS: u64 = 6400;
+        let name = unique("rwlock-draws-kept");
+        let observed = RwLock::named(&name, ());
+        let unobserved = RwLock::unobserved(());
+        assert!(set_policy_word(
+            observed.instance_id().unwrap(),
+            PolicyWord::default().with_sample_every(64)
+        ));
+        observed.refresh_policy();
+        for _ in 0..ROUNDS {
+            drop(observed.read());
+            drop(unobserved.write());
+        }
+        drop(observed);
+        let r = wait_for(&name, |r| {
+            r.meta.retired_mono_ns.is_some() && op(r, op::READ).0 == ROUNDS
+        });
+        // The counts at the 128th, 192nd ... 6,336th read cover 64 each:
+        // 98 certain samples. The counts at the 1st, 2nd, 4th ... 64th
+        // cover 64 between them, and the first read draws with weight 1:
+        // one more in expectation, eight at most. (Taken by the writes,
+        // the draws would leave none.)
+        let samples = op(&r, op::READ_UNLOCK).0;
+        assert!(
+            (98..=106).contains(&samples),
+            "{samples} of {ROUNDS} read holds sampled"
         );
     }
 
