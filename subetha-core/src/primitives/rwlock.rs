@@ -46,9 +46,8 @@
 //! operations leaves its thread a draw of weight `k` (`RW_HOLD_DRAW`), and
 //! the thread's next acquisition of an observed `RwLock` pays it (up to
 //! 64 acquisitions of unobserved locks in between leave it be): sampled
-//! with
-//! probability `k` / the lock's level, its clock read before the atomic
-//! operation. So holds are sampled at the lock's level in expectation, at
+//! with probability `k` / the lock's level, its clock read before the
+//! atomic operation. So holds are sampled at the lock's level in expectation, at
 //! random, the common acquisition reads one thread-local and stores none,
 //! and nothing is decided inside the hold. A sampled hold runs from that
 //! reading (or the end of its wait) to just after the release. Levels
