@@ -244,10 +244,11 @@ impl ScanReport {
 
 /// Paces a consumer's scans by how full its rings were found.
 ///
-/// Every wake-up of a scan thread takes a CPU from the threads it observes
-/// (on a two-CPU host, the sidecar scanning every 200 µs cost a contended
-/// lock benchmark 3–5% of its throughput), while a scan that comes too
-/// late lets a ring fill and drop. So the pause follows the fullest ring a
+/// Every wake-up of a scan thread takes a CPU from the threads it observes (on
+/// a small host, frequent scans show in the `contended` group of
+/// `benches/primitives.rs`, whose sidecar drains the rings), while a scan that
+/// comes too late lets a ring fill and drop. So the pause follows the fullest
+/// ring a
 /// scan met: more than half full, the pause halves; under an eighth, it
 /// grows by half; in between it stays. A scan that found drops or had to
 /// leave a ring full goes back to the shortest pause at once, and a scan
