@@ -542,6 +542,7 @@ impl SegmentProbe {
             pid: Some(pid),
             start_time_ticks: process_start_time(pid),
             uid: Some(getuid()),
+            pid_ns_inode: None,
         };
         let view = SegmentView::map_fd(file.as_fd(), &expect).expect("the segment validates");
         Self { view }
