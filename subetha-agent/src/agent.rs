@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 use subetha_core::ObservationRing;
 use subetha_core::clock;
 use subetha_core::drain::{Drainer, ScanPacer, ScanReport};
-use subetha_core::lease::{TakeoverRequest, word_pid};
+use subetha_core::lease::{LeaseScope, TakeoverRequest, word_pid};
 use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
 use subetha_core::stats::LatencyHistogram;
@@ -54,6 +54,7 @@ use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::discovery::{self, Candidate, ProcWalker};
+use crate::pidns::{PidNamespace, TidMap};
 use crate::model::{
     AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
     StormReport,
@@ -205,6 +206,10 @@ struct Tracked {
     /// (`clock::monotonic_ns()`, 0: never). See [`RESIDENT_REFRESH`].
     resident_bytes: AtomicU64,
     resident_at_ns: AtomicU64,
+    /// Its pid namespace.
+    ns: PidNamespace,
+    /// Maps its threads' ids to ours (a process in another pid namespace).
+    tids: Option<TidMap>,
 }
 
 /// How long a measurement of a segment's resident bytes is reused.
@@ -609,8 +614,18 @@ impl State {
             next_policy_ns: 0,
             resident_bytes: AtomicU64::new(0),
             resident_at_ns: AtomicU64::new(0),
+            tids: opened.ns.foreign.then(|| TidMap::new(opened.pid)),
+            ns: opened.ns,
         };
-        tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
+        if tracked.tids.is_some() {
+            tracked.drainer.set_foreign_tids();
+        }
+        tracing::info!(
+            pid = tracked.pid,
+            comm = %tracked.comm,
+            nspid = %tracked.ns.describe(),
+            "attached subetha segment"
+        );
         if let Some(probes) = self.probes.as_mut()
             && let Err(error) = probes.attach_producer_process(tracked.pid)
             && let Some(permit) = crate::logging::throttle("drop-hook uprobes not attached", tracked.pid)
@@ -647,6 +662,7 @@ impl State {
                 }
             }
             let report = tracked.drainer.scan();
+            tracked.map_thread_ids();
             load.merge_load(&report);
             tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
@@ -1017,6 +1033,10 @@ impl State {
             let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
             if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id) {
                 storm.end_mono_ns = episode.end_mono_ns;
+                if storm.tid == 0 {
+                    // A containerized thread mapped after the storm began.
+                    storm.tid = episode.os_tid;
+                }
                 storm.end_estimated = episode.end_estimated;
                 storm.dropped = episode.dropped;
                 storm.duration_ns = episode
@@ -1045,6 +1065,7 @@ impl State {
                 comm: tracked.comm.clone(),
                 slot: episode.slot,
                 tid: episode.os_tid,
+                ns_tid: episode.ns_tid,
                 thread_name: episode.thread_name.clone(),
                 begin_mono_ns: episode.begin_mono_ns,
                 end_mono_ns: episode.end_mono_ns,
@@ -1130,6 +1151,29 @@ impl State {
 }
 
 impl Tracked {
+    /// Where the agent stands relative to the process's pid namespace (see
+    /// [`subetha_core::lease`]).
+    fn lease_scope(&self) -> LeaseScope {
+        if self.ns.foreign {
+            LeaseScope::Foreign {
+                owner_ns_pid: self.ns.own_pid(),
+                owner_host_pid: self.pid,
+            }
+        } else {
+            LeaseScope::Local
+        }
+    }
+
+    /// Gives the drainer's records of threads in another pid namespace our
+    /// thread ids.
+    fn map_thread_ids(&mut self) {
+        if let Some(tids) = self.tids.as_mut()
+            && self.drainer.has_unmapped_tids()
+        {
+            self.drainer.map_thread_ids(|ns_tid| tids.host_tid(ns_tid));
+        }
+    }
+
     fn try_take_lease(&mut self, timeout: Duration) {
         let view = Arc::clone(self.drainer_view());
         match std::mem::replace(&mut self.lease, Lease::Held) {
@@ -1174,7 +1218,7 @@ impl Tracked {
                     );
                     return;
                 }
-                match TakeoverRequest::raise(&view) {
+                match TakeoverRequest::raise_in(&view, self.lease_scope()) {
                     Ok(Ok(lease)) => self.drainer.set_lease(lease),
                     Ok(Err(request)) => {
                         self.lease = Lease::Requested(request, Instant::now());
@@ -1259,6 +1303,8 @@ impl Tracked {
         };
         ProcessReport {
             pid: self.pid,
+            nspid: self.ns.nspid.clone(),
+            pid_ns: self.ns.inode,
             comm: self.comm.clone(),
             uid: self.uid,
             state: state.into(),

@@ -6,6 +6,7 @@
 //! operators what their primitives do and where observations were lost.
 //!
 //! * [`discovery`] — finding segments in `/proc` and opening them safely.
+//! * [`pidns`] — a process's ids in its own pid and user namespaces.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
 //! * [`cause`] — why a storm happened, from kernel or /proc evidence.
 //! * [`registration`] — the socket applications announce segments on.
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod otlp;
+pub mod pidns;
 pub mod probes;
 pub mod registration;
 pub mod report;

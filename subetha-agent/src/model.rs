@@ -100,8 +100,15 @@ impl Quantiles {
 /// One instrumented process.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ProcessReport {
-    /// Process id.
+    /// Process id (in the agent's pid namespace).
     pub pid: u32,
+    /// `NSpid:` of `/proc/<pid>/status`: its pid in each pid namespace, the
+    /// agent's first and its own last (one entry: it shares the agent's).
+    #[serde(default)]
+    pub nspid: Vec<u32>,
+    /// The inode of its pid namespace.
+    #[serde(default)]
+    pub pid_ns: u64,
     /// Command name (`/proc/<pid>/comm`, sanitised).
     pub comm: String,
     /// Owner uid.
@@ -148,8 +155,14 @@ pub struct RingReport {
     pub state: String,
     /// Claim generation (how many threads have used the slot).
     pub generation: u32,
-    /// Current (or last) producer's OS thread id.
+    /// Current (or last) producer's OS thread id, in the agent's pid
+    /// namespace (0: a thread of a containerized process that exited before
+    /// it could be mapped; see `ns_tid`).
     pub tid: u32,
+    /// The same thread's id in its own process's pid namespace (what the
+    /// application logs; equal to `tid` outside containers).
+    #[serde(default)]
+    pub ns_tid: u32,
     /// Its thread name.
     pub thread_name: String,
     /// Observations drained from this slot over its life, by any consumer.
@@ -176,6 +189,7 @@ impl RingReport {
             .into(),
             generation: record.generation,
             tid: record.os_tid,
+            ns_tid: record.ns_tid,
             thread_name: record.thread_name.clone(),
             drained: record.slot_drained_total,
             dropped: record.slot_dropped_total,
@@ -300,8 +314,12 @@ pub struct StormReport {
     pub comm: String,
     /// Ring slot.
     pub slot: u32,
-    /// Producer OS thread id.
+    /// Producer OS thread id, in the agent's pid namespace (what the probes
+    /// and `/proc` know; 0 if a containerized thread could not be mapped).
     pub tid: u32,
+    /// The producer's thread id in its own pid namespace.
+    #[serde(default)]
+    pub ns_tid: u32,
     /// Producer thread name.
     pub thread_name: String,
     /// CLOCK_MONOTONIC ns of the first drop.
