@@ -1317,6 +1317,7 @@ impl Tracked {
             unattributed: self.drainer.totals().unattributed,
             drained: rings.iter().map(|r| r.drained).sum(),
             dropped: rings.iter().map(|r| r.dropped).sum(),
+            episodes: self.drainer.totals().episodes,
             storms: self.storms_begun,
             storm_causes: BTreeMap::new(),
             rings,

@@ -378,7 +378,7 @@ fn run(settings: RunSettings) -> Result<()> {
     };
     runtime.block_on(async {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(http::serve(listener, Arc::clone(&source), {
+        let server = tokio::spawn(http::serve_with(listener, Arc::clone(&source), settings.metrics_options(), {
             let mut stop_rx = stop_rx.clone();
             async move {
                 let _ = stop_rx.changed().await;

@@ -132,10 +132,31 @@ impl Format {
     }
 }
 
-/// Renders `snapshot` in `format`.
+/// What the exports include beyond the bounded default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsOptions {
+    /// The ring counters (`subetha_observations_drained`, `_dropped`,
+    /// `subetha_drop_episodes`) per ring slot, labelled `slot`, `tid` and
+    /// `thread`, instead of one series per process: `--metrics-per-thread`.
+    /// Costly: every thread that ever held a slot adds a series until its
+    /// process leaves the snapshot, so thread churn grows a scraper's
+    /// series without bound.
+    pub per_thread: bool,
+}
+
+/// Renders `snapshot` in `format` with the default (per-process) series.
 pub fn render(snapshot: &Arc<AgentSnapshot>, format: Format) -> Result<String, fmt::Error> {
+    render_with(snapshot, format, MetricsOptions::default())
+}
+
+/// Renders `snapshot` in `format` with `options`.
+pub fn render_with(
+    snapshot: &Arc<AgentSnapshot>,
+    format: Format,
+    options: MetricsOptions,
+) -> Result<String, fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot))));
+    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot), options)));
     let mut out = String::with_capacity(16 * 1024);
     match format {
         Format::OpenMetrics => text::encode_registry(&mut out, &registry)?,
@@ -219,6 +240,23 @@ impl<'a> ProcessView<'a> {
             let count = self.rings.iter().filter(|r| r.state == *state).count() as u64;
             (labels, count)
         })
+    }
+
+    /// One ring counter: per ring slot (`per_thread`, ring labels) or the
+    /// process's total (its labels). `total` is the process-wide value
+    /// where the sum over rings would not be monotonic.
+    pub(crate) fn ring_counter(
+        &self,
+        options: MetricsOptions,
+        value: fn(&RingReport) -> u64,
+        total: Option<u64>,
+    ) -> Vec<(Labels<'a>, u64)> {
+        if options.per_thread {
+            self.rings.iter().map(|r| (self.ring_labels(r), value(r))).collect()
+        } else {
+            let sum = total.unwrap_or_else(|| self.rings.iter().map(|r| value(r)).sum());
+            vec![(self.labels(), sum)]
+        }
     }
 
     /// Ring slots whose indices were impossible.
@@ -377,11 +415,12 @@ fn info<'a>(
 
 /// The counter and gauge families of one snapshot.
 #[derive(Debug)]
-struct SnapshotCollector(Arc<AgentSnapshot>);
+struct SnapshotCollector(Arc<AgentSnapshot>, MetricsOptions);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let snapshot = &*self.0;
+        let options = self.1;
         let agent = &snapshot.agent;
         let views = views(snapshot);
         let e = &mut encoder;
@@ -509,28 +548,30 @@ impl Collector for SnapshotCollector {
             None,
             views.iter().map(|v| (v.labels(), v.corrupt_rings())),
         )?;
-        let rings = || {
-            views
-                .iter()
-                .flat_map(|v| v.rings.iter().map(move |r| (v.ring_labels(r), *r)))
-        };
+        let per = if options.per_thread { "ring slot" } else { "process" };
         counter(
             e,
             "subetha_observations_drained",
-            "Observations drained from the ring slot over its life, by any consumer.",
-            rings().map(|(l, r)| (l, r.drained)),
+            &format!("Observations drained from the {per}'s rings, by any consumer."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.drained, None)),
         )?;
         counter(
             e,
             "subetha_observations_dropped",
-            "Observations dropped because the ring slot was full, over its life.",
-            rings().map(|(l, r)| (l, r.dropped)),
+            &format!("Observations dropped because a ring of the {per} was full."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.dropped, None)),
         )?;
         counter(
             e,
             "subetha_drop_episodes",
-            "Drop episodes (runs of consecutive drops) seen on the ring slot by this agent.",
-            rings().map(|(l, r)| (l, r.episodes)),
+            &format!("Drop episodes (runs of consecutive drops) seen on the {per}'s rings by this agent."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.episodes, Some(v.process.episodes))),
         )?;
 
         let ops = || views.iter().flat_map(ProcessView::ops);
@@ -744,6 +785,9 @@ pub(crate) mod tests {
                 unattributed: 1,
                 drained: 1500,
                 dropped: 40,
+                episodes: 2,
+                nspid: vec![4242],
+                pid_ns: 4026531836,
                 storms: 2,
                 storm_causes: [("producer_burst".to_string(), 1)].into(),
                 rings: vec![
@@ -900,14 +944,11 @@ pub(crate) mod tests {
             "subetha_rings{pid=\"4242\",comm=\"app\",state=\"active\"} 2".into(),
             "subetha_rings{pid=\"4242\",comm=\"app\",state=\"free\"} 0".into(),
             "subetha_rings_corrupt{pid=\"4242\",comm=\"app\"} 0".into(),
+            // Ring counters per process by default: the rings' sums.
             "# TYPE subetha_observations_drained_total counter".into(),
-            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"0\",tid=\"4242\",thread=\"main\"} 1000"
-                .into(),
-            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 500"
-                .into(),
-            "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 40"
-                .into(),
-            "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 2".into(),
+            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\"} 1500".into(),
+            "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\"} 40".into(),
+            "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\"} 2".into(),
             lock("subetha_instance_ops_total", "", "1000"),
             lock("subetha_instance_contended_total", "", "10"),
             lock("subetha_instance_misses_total", "", "0"),
@@ -947,8 +988,44 @@ pub(crate) mod tests {
         );
         // Storms of a process that is no longer reported have no series.
         assert!(!out.contains("pid=\"999\""));
+        // Nothing per thread or per slot by default.
+        for label in ["tid=", "thread=", "slot="] {
+            assert!(!out.contains(label), "{label} in the default series:\n{out}");
+        }
         assert!(!out.contains("# EOF"));
         assert!(!out.contains("# UNIT"));
+    }
+
+    #[test]
+    fn per_thread_series_only_when_asked_for() {
+        let per_thread = MetricsOptions { per_thread: true };
+        let out = render_with(&Arc::new(sample()), Format::PrometheusText, per_thread).unwrap();
+        assert_lines(
+            &out,
+            &[
+                "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"0\",tid=\"4242\",thread=\"main\"} 1000",
+                "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 500",
+                "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 40",
+                "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 2",
+            ],
+        );
+        assert!(!out.contains("subetha_observations_drained_total{pid=\"4242\",comm=\"app\"} "));
+        // Many threads of one process: one series each per thread, one in
+        // all by default.
+        let mut churned = sample();
+        let template = churned.processes[0].rings[1].clone();
+        churned.processes[0].rings = (0..500)
+            .map(|i| RingReport {
+                slot: i,
+                tid: 10_000 + i,
+                ns_tid: 10_000 + i,
+                ..template.clone()
+            })
+            .collect();
+        let count = |text: &str| text.lines().filter(|l| l.starts_with("subetha_observations_dropped_total")).count();
+        let churned = Arc::new(churned);
+        assert_eq!(count(&render_with(&churned, Format::PrometheusText, per_thread).unwrap()), 500);
+        assert_eq!(count(&render(&churned, Format::PrometheusText).unwrap()), 1);
     }
 
     #[test]
@@ -1026,10 +1103,7 @@ pub(crate) mod tests {
                 &out,
                 &[
                     &format!("subetha_segment_size_bytes{{pid=\"4242\",comm=\"{escaped}\"}} 1048576"),
-                    &format!(
-                        "subetha_observations_drained_total{{pid=\"4242\",comm=\"{escaped}\",slot=\"0\",tid=\"4242\",\
-                         thread=\"{escaped}\"}} 1000"
-                    ),
+                    &format!("subetha_observations_drained_total{{pid=\"4242\",comm=\"{escaped}\"}} 1500"),
                     // Summaries are written by this module: same escaping.
                     &format!(
                         "subetha_instance_latency_seconds_count{{pid=\"4242\",comm=\"{escaped}\",instance_id=\"1\",\

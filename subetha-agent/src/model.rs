@@ -134,6 +134,10 @@ pub struct ProcessReport {
     pub drained: u64,
     /// Σ over rings of `dropped`.
     pub dropped: u64,
+    /// Drop episodes seen begin in the process by this agent (never
+    /// decreases, unlike a ring's count, which restarts with each thread).
+    #[serde(default)]
+    pub episodes: u64,
     /// Drop storms begun in this process since the agent attached (never
     /// decreases, unlike the bounded storm history).
     pub storms: u64,

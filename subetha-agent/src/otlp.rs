@@ -55,7 +55,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 
 use crate::AgentSnapshot;
-use crate::metrics::{Labels, ProcessView, Value, process_states, seconds, views};
+use crate::metrics::{Labels, MetricsOptions, ProcessView, Value, process_states, seconds, views};
 use crate::model::Quantiles;
 
 /// Where the snapshot comes from: the running agent's latest.
@@ -406,20 +406,20 @@ fn register_instruments(meter: &Meter, source: &SnapshotSource) {
     counter(
         "subetha.observations.drained",
         "{observation}",
-        "Observations drained from the ring slot over its life, by any consumer.",
-        |_, v| owned(rings(v, |r| r.drained)),
+        "Observations drained from the process's rings, by any consumer.",
+        |_, v| owned(rings(v, |r| r.drained, |_| None)),
     );
     counter(
         "subetha.observations.dropped",
         "{observation}",
-        "Observations dropped because the ring slot was full, over its life.",
-        |_, v| owned(rings(v, |r| r.dropped)),
+        "Observations dropped because a ring of the process was full.",
+        |_, v| owned(rings(v, |r| r.dropped, |_| None)),
     );
     counter(
         "subetha.drop_episodes",
         "{episode}",
-        "Drop episodes (runs of consecutive drops) seen on the ring slot by this agent.",
-        |_, v| owned(rings(v, |r| r.episodes)),
+        "Drop episodes (runs of consecutive drops) seen on the process's rings by this agent.",
+        |_, v| owned(rings(v, |r| r.episodes, |p| Some(p.episodes))),
     );
 
     // Instances.
@@ -513,11 +513,21 @@ fn register_instruments(meter: &Meter, source: &SnapshotSource) {
     );
 }
 
-/// `(value, ring labels)` for every ring of every process.
-fn rings<'a>(views: &[ProcessView<'a>], value: fn(&crate::model::RingReport) -> u64) -> Points<'a, u64> {
+/// `(value, process labels)` of a ring counter for every process: the
+/// rings' sum, or `total` where that is not monotonic. Never per thread
+/// (see [`MetricsOptions`]).
+fn rings<'a>(
+    views: &[ProcessView<'a>],
+    value: fn(&crate::model::RingReport) -> u64,
+    total: fn(&crate::model::ProcessReport) -> Option<u64>,
+) -> Points<'a, u64> {
     views
         .iter()
-        .flat_map(|p| p.rings.iter().map(move |r| (value(r), p.ring_labels(r))))
+        .flat_map(|p| {
+            p.ring_counter(MetricsOptions::default(), value, total(p.process))
+                .into_iter()
+                .map(|(labels, n)| (n, labels))
+        })
         .collect()
 }
 
