@@ -53,12 +53,13 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
+use crate::container::{Identity, LabelFrom};
 use crate::discovery::{self, Candidate, ProcWalker};
-use crate::pidns::{PidNamespace, TidMap};
 use crate::model::{
-    AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
-    StormReport,
+    AgentInfo, AgentSnapshot, Buckets, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport,
+    ScanGap, StormReport,
 };
+use crate::pidns::{PidNamespace, TidMap};
 use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
@@ -92,6 +93,8 @@ pub struct AgentConfig {
     /// Whether to run the adaptive-mutex policy on the processes drained
     /// (see the [module docs](self)).
     pub adaptive_policy: bool,
+    /// Where processes' container labels come from.
+    pub label_from: LabelFrom,
 }
 
 /// `--probes auto|on|off`.
@@ -128,6 +131,7 @@ impl Default for AgentConfig {
             scanner_cpu: None,
             probes: ProbeMode::Auto,
             adaptive_policy: true,
+            label_from: LabelFrom::Cgroup,
         }
     }
 }
@@ -210,6 +214,8 @@ struct Tracked {
     ns: PidNamespace,
     /// Maps its threads' ids to ours (a process in another pid namespace).
     tids: Option<TidMap>,
+    /// Its container and service.
+    identity: Identity,
 }
 
 /// How long a measurement of a segment's resident bytes is reused.
@@ -616,6 +622,7 @@ impl State {
             resident_at_ns: AtomicU64::new(0),
             tids: opened.ns.foreign.then(|| TidMap::new(opened.pid)),
             ns: opened.ns,
+            identity: Identity::of(opened.pid, self.config.label_from),
         };
         if tracked.tids.is_some() {
             tracked.drainer.set_foreign_tids();
@@ -624,6 +631,7 @@ impl State {
             pid = tracked.pid,
             comm = %tracked.comm,
             nspid = %tracked.ns.describe(),
+            container = tracked.identity.container_id.as_deref().unwrap_or("-"),
             "attached subetha segment"
         );
         if let Some(probes) = self.probes.as_mut()
@@ -1129,6 +1137,8 @@ impl State {
                 scan_interval_us: self.pacer.pause().as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
+                scan_duration_buckets: Buckets::from_histogram(&self.scan_durations, |v| v),
+                scan_gap_buckets: Buckets::from_histogram(&self.scan_gaps, |v| v),
                 probes: self.probes_note.clone(),
                 probe_events: self.probe_events_total,
                 probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
@@ -1305,6 +1315,11 @@ impl Tracked {
             pid: self.pid,
             nspid: self.ns.nspid.clone(),
             pid_ns: self.ns.inode,
+            exe: self.identity.exe.clone(),
+            cgroup: self.identity.cgroup.clone(),
+            container_id: self.identity.container_id.clone(),
+            pod_uid: self.identity.pod_uid.clone(),
+            service: self.identity.service.clone(),
             comm: self.comm.clone(),
             uid: self.uid,
             state: state.into(),

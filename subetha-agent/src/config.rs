@@ -34,6 +34,7 @@ use clap::parser::ValueSource;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::agent::{AgentConfig, ProbeMode};
+use crate::container::LabelFrom;
 use crate::logging::LogFormat;
 
 /// The config file read when `--config` is not given (if it exists).
@@ -170,6 +171,10 @@ pub struct RunArgs {
     /// bound. The JSON API, top and storms always have per-thread detail.
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     pub metrics_per_thread: Switch,
+    /// Where processes' container labels come from: cgroup (container id
+    /// and Kubernetes pod uid from /proc/<pid>/cgroup) or none.
+    #[arg(long, value_enum, default_value_t = LabelFrom::Cgroup)]
+    pub label_from: LabelFrom,
 }
 
 /// A duration written as a humantime string (`"10ms"`) in the file.
@@ -242,6 +247,8 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     /// `--metrics-per-thread`.
     pub metrics_per_thread: Option<Switch>,
+    /// `--label-from`.
+    pub label_from: Option<LabelFrom>,
 }
 
 impl FileConfig {
@@ -309,6 +316,8 @@ pub struct RunSettings {
     pub adaptive_policy: Switch,
     /// Ring counters per thread on /metrics.
     pub metrics_per_thread: Switch,
+    /// Where container labels come from.
+    pub label_from: LabelFrom,
     /// Registration socket path (None with `no_socket`: the default path).
     pub socket: Option<PathBuf>,
     /// No registration socket.
@@ -393,6 +402,7 @@ impl RunSettings {
             probes: pick!(probes, scan.probes, identity),
             adaptive_policy: pick!(adaptive_policy, args.adaptive_policy, identity),
             metrics_per_thread: pick!(metrics_per_thread, args.metrics_per_thread, identity),
+            label_from: pick!(label_from, args.label_from, identity),
             socket: pick!(socket, args.socket.clone(), Some),
             no_socket: pick!(no_socket, args.no_socket, identity),
             export_jsonl: pick!(export_jsonl, args.export_jsonl.clone(), Some),
@@ -494,6 +504,7 @@ impl RunSettings {
             scanner_cpu: self.scanner_cpu,
             probes: self.probes.into(),
             adaptive_policy: self.adaptive_policy == Switch::On,
+            label_from: self.label_from,
             registration_socket: (!self.no_socket).then(|| {
                 self.socket
                     .clone()
@@ -518,6 +529,7 @@ impl RunSettings {
             probes: Some(self.probes),
             adaptive_policy: Some(self.adaptive_policy),
             metrics_per_thread: Some(self.metrics_per_thread),
+            label_from: Some(self.label_from),
             socket: self.socket.clone(),
             no_socket: Some(self.no_socket),
             export_jsonl: self.export_jsonl.clone(),
@@ -566,6 +578,7 @@ impl FileConfig {
         "otlp_interval",
         "log_format",
         "metrics_per_thread",
+        "label_from",
     ];
 }
 
@@ -665,6 +678,7 @@ mod tests {
             otlp_interval = "4s"
             log_format = "json"
             metrics_per_thread = "on"
+            label_from = "none"
         "#;
         let settings = resolve(&[], Some(text)).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:1234".parse().unwrap());
@@ -689,6 +703,7 @@ mod tests {
         assert_eq!(settings.log_format, LogFormat::Json);
         assert_eq!(settings.metrics_per_thread, Switch::On);
         assert!(settings.metrics_options().per_thread);
+        assert_eq!(settings.agent_config().label_from, LabelFrom::None);
         for key in FileConfig::KEYS {
             assert_eq!(settings.origin(key), &Origin::File, "{key}");
         }

@@ -251,7 +251,8 @@ pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, At
         uid: Some(ns_uid),
         pid_ns_inode: Some(ns.inode),
     };
-    let view = SegmentView::map_fd(file.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
+    let view =
+        SegmentView::map_fd(file.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
     if process_start_time(pid) != Some(start_time_ticks) || PidNamespace::of(pid).as_ref() != Some(&ns) {
         return Err(AttachError::Gone(pid));
     }
@@ -277,9 +278,10 @@ fn identity_error(error: SegmentError, pid: u32, ns: &PidNamespace, uid: u32, ns
             "pid",
             format!("segment claims pid {found}, but pid {pid} is pid {expected} in its {where_}"),
         ),
-        SegmentError::PidMismatch { found, expected } => {
-            ("pid", format!("segment claims pid {found}, found in pid {expected}"))
-        }
+        SegmentError::PidMismatch { found, expected } => (
+            "pid",
+            format!("segment claims pid {found}, found in pid {expected}"),
+        ),
         SegmentError::PidNamespaceMismatch { found, .. } => (
             "pid namespace",
             format!("segment claims pid namespace {found}, pid {pid} lives in {where_}"),
@@ -290,7 +292,9 @@ fn identity_error(error: SegmentError, pid: u32, ns: &PidNamespace, uid: u32, ns
         ),
         SegmentError::UidMismatch { found, .. } if ns_uid != uid => (
             "uid",
-            format!("segment claims uid {found}, process is uid {ns_uid} in its user namespace (uid {uid} here)"),
+            format!(
+                "segment claims uid {found}, process is uid {ns_uid} in its user namespace (uid {uid} here)"
+            ),
         ),
         SegmentError::UidMismatch { found, expected } => (
             "uid",

@@ -79,7 +79,10 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The router serving every endpoint from `source`.
 pub fn router(source: SnapshotSource) -> Router {
-    router_with_state(AppState(Arc::new(RwLock::new(Some(source))), MetricsOptions::default()))
+    router_with_state(AppState(
+        Arc::new(RwLock::new(Some(source))),
+        MetricsOptions::default(),
+    ))
 }
 
 fn router_with_state(state: AppState) -> Router {

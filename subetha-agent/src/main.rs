@@ -378,12 +378,17 @@ fn run(settings: RunSettings) -> Result<()> {
     };
     runtime.block_on(async {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(http::serve_with(listener, Arc::clone(&source), settings.metrics_options(), {
-            let mut stop_rx = stop_rx.clone();
-            async move {
-                let _ = stop_rx.changed().await;
-            }
-        }));
+        let server = tokio::spawn(http::serve_with(
+            listener,
+            Arc::clone(&source),
+            settings.metrics_options(),
+            {
+                let mut stop_rx = stop_rx.clone();
+                async move {
+                    let _ = stop_rx.changed().await;
+                }
+            },
+        ));
         // The listener is bound (connections queue from now on) and the
         // scan thread runs: ready.
         service.ready();

@@ -220,7 +220,10 @@ mod tests {
     #[test]
     fn nspid_lines_from_real_status_files() {
         // A host process, one in a container, one nested two deep.
-        assert_eq!(parse_nspid("Name:\tbash\nNSpid:\t812\nNSpgid:\t812\n"), Some(vec![812]));
+        assert_eq!(
+            parse_nspid("Name:\tbash\nNSpid:\t812\nNSpgid:\t812\n"),
+            Some(vec![812])
+        );
         assert_eq!(
             parse_nspid("Tgid:\t19577\nNgid:\t0\nPid:\t19577\nPPid:\t19576\nNSpid:\t19577\t1\n"),
             Some(vec![19577, 1])

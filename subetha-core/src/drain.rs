@@ -1165,7 +1165,8 @@ mod tests {
         let mut drainer = Drainer::attach(view).unwrap();
         drainer.set_foreign_tids();
         drainer.scan();
-        let tids = |d: &Drainer<&SegmentView>| d.rings().iter().map(|r| (r.ns_tid, r.os_tid)).collect::<Vec<_>>();
+        let tids =
+            |d: &Drainer<&SegmentView>| d.rings().iter().map(|r| (r.ns_tid, r.os_tid)).collect::<Vec<_>>();
         assert_eq!(tids(&drainer), vec![(1007, 0), (1008, 0)]);
         assert!(drainer.has_unmapped_tids());
         // One found now, the other later.

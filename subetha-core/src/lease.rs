@@ -484,7 +484,8 @@ mod tests {
         assert!(word_is_foreign(FOREIGN_DEAD));
         assert_eq!(word_pid(FOREIGN_DEAD), DEAD_PID as u32);
         live.consumer.store(FOREIGN_DEAD, Ordering::Release);
-        live.consumer_heartbeat_ns.store(clock::monotonic_ns(), Ordering::Release);
+        live.consumer_heartbeat_ns
+            .store(clock::monotonic_ns(), Ordering::Release);
         // Its pid is dead here, but it beat just now: not broken.
         assert_eq!(
             ConsumerLease::acquire(view).unwrap_err(),
@@ -505,7 +506,9 @@ mod tests {
         let segment = segment();
         let view = segment.view();
         let holder = ConsumerLease::acquire(view).unwrap();
-        view.live().takeover_request.store(FOREIGN_DEAD, Ordering::Release);
+        view.live()
+            .takeover_request
+            .store(FOREIGN_DEAD, Ordering::Release);
         assert_eq!(holder.pending_request(view), Some(FOREIGN_DEAD));
         holder.hand_over(view, FOREIGN_DEAD).unwrap();
         assert_eq!(view.live().consumer.load(Ordering::Acquire), FOREIGN_DEAD);
@@ -541,6 +544,9 @@ mod tests {
         assert_eq!(word_pid(lease.word()), own);
         // A raised request is foreign too.
         let request = TakeoverRequest::raise_in(view, alive).unwrap();
-        assert!(request.is_err(), "a second foreign word waits: the live foreign holder is not broken");
+        assert!(
+            request.is_err(),
+            "a second foreign word waits: the live foreign holder is not broken"
+        );
     }
 }

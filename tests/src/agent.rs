@@ -427,11 +427,12 @@ impl Workload {
         }
         if !wrapper.is_empty() {
             let root = workload.child.id();
-            let found = procfs::descendants(root)
-                .into_iter()
-                .find(|&pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(exe)));
-            workload.inner_pid =
-                Some(found.unwrap_or_else(|| panic!("no {exe} among the descendants of {wrapper:?} (pid {root})")));
+            let found = procfs::descendants(root).into_iter().find(|&pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(exe))
+            });
+            workload.inner_pid = Some(
+                found.unwrap_or_else(|| panic!("no {exe} among the descendants of {wrapper:?} (pid {root})")),
+            );
         }
         workload
     }

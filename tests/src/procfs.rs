@@ -78,7 +78,11 @@ pub fn descendants(root: u32) -> Vec<u32> {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
             // Field 4 (ppid) is the second after the command's ')'.
-            let ppid = stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()?;
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
             Some((pid, ppid))
         })
         .collect();
@@ -86,7 +90,12 @@ pub fn descendants(root: u32) -> Vec<u32> {
     let mut index = 0;
     while index < found.len() {
         let parent = found[index];
-        found.extend(parents.iter().filter(|&&(_, ppid)| ppid == parent).map(|&(pid, _)| pid));
+        found.extend(
+            parents
+                .iter()
+                .filter(|&&(_, ppid)| ppid == parent)
+                .map(|&(pid, _)| pid),
+        );
         index += 1;
     }
     found.remove(0);

@@ -77,7 +77,9 @@ fn start_agent(scratch: &ScratchDir, pid: u32, extra: &[&str]) -> AgentProcess {
     args.extend_from_slice(extra);
     let agent = AgentProcess::start(agent_exe(), &args, scratch.join("agent.log"));
     agent.wait_snapshot("the agent to attach the workload", |s| {
-        process(s, pid.parse().unwrap()).filter(|p| p.state == "attached").map(|_| ())
+        process(s, pid.parse().unwrap())
+            .filter(|p| p.state == "attached")
+            .map(|_| ())
     });
     agent
 }
@@ -85,7 +87,17 @@ fn start_agent(scratch: &ScratchDir, pid: u32, extra: &[&str]) -> AgentProcess {
 fn churning_workload() -> Workload {
     let mut workload = Workload::spawn(
         WORKLOAD,
-        &["run", "--threads", "2", "--rate", "20000", "--churn", "8", "--churn-ops", "200"],
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--rate",
+            "20000",
+            "--churn",
+            "8",
+            "--churn-ops",
+            "200",
+        ],
         &[],
     );
     workload.cmd("go");
@@ -162,7 +174,10 @@ fn per_thread_series_grow_with_churn_when_asked_for() {
     let mut workload = churning_workload();
     let agent = start_agent(&scratch, workload.pid(), &["--metrics-per-thread", "on"]);
     let (seen, _, max_bound) = scrape_for(&agent, 4);
-    eprintln!("--metrics-per-thread on: {} distinct series in 4 s; bound {max_bound}", seen.len());
+    eprintln!(
+        "--metrics-per-thread on: {} distinct series in 4 s; bound {max_bound}",
+        seen.len()
+    );
     assert!(seen.iter().any(|s| s.contains("tid=")));
     assert!(
         seen.len() > max_bound,

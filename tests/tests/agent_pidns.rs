@@ -134,8 +134,12 @@ fn attached_with_host_tids_and_balanced(wrapper: &[&str], levels: usize, ns_uid:
     });
     let mut host_tids: HashMap<u32, String> = HashMap::new();
     for ring in rings.iter().filter(|r| r.state == "active") {
-        let nspid = task_nspid(pid, ring.tid)
-            .unwrap_or_else(|| panic!("ring's tid {} is no thread of host pid {pid}: {ring:#?}", ring.tid));
+        let nspid = task_nspid(pid, ring.tid).unwrap_or_else(|| {
+            panic!(
+                "ring's tid {} is no thread of host pid {pid}: {ring:#?}",
+                ring.tid
+            )
+        });
         assert_eq!(nspid.len(), levels, "{nspid:?}");
         assert_eq!(nspid.first(), Some(&ring.tid));
         assert_eq!(nspid.last(), Some(&ring.ns_tid), "{ring:#?}");
@@ -201,7 +205,10 @@ fn segments_lying_about_their_creator_in_its_namespace_are_refused_by_check() {
     let agent = in_process_agent(&[pid], |_| {});
     let expected = [
         ("other_pid", "pid check failed: segment claims pid 2, but pid"),
-        ("other_pid_ns", "pid namespace check failed: segment claims pid namespace"),
+        (
+            "other_pid_ns",
+            "pid namespace check failed: segment claims pid namespace",
+        ),
         ("other_start_time", "start time check failed"),
         ("other_uid", "uid check failed"),
     ];
@@ -213,7 +220,11 @@ fn segments_lying_about_their_creator_in_its_namespace_are_refused_by_check() {
             .any(|p| p.pid == pid && p.instances.iter().any(|i| i.name == "truthful-a"));
         (refused == expected.len() && served).then(|| s.clone())
     });
-    let fds: HashMap<&str, i32> = workload.segments.iter().map(|(c, fd)| (c.as_str(), *fd)).collect();
+    let fds: HashMap<&str, i32> = workload
+        .segments
+        .iter()
+        .map(|(c, fd)| (c.as_str(), *fd))
+        .collect();
     for (case, phrase) in expected {
         let path = format!("/proc/{pid}/fd/{}", fds[case]);
         let refusal = snapshot

@@ -218,7 +218,9 @@ impl Flood {
             let root = flood.child.id();
             subetha_tests::procfs::descendants(root)
                 .into_iter()
-                .find(|&pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(FLOOD)))
+                .find(|&pid| {
+                    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(FLOOD))
+                })
                 .unwrap_or_else(|| panic!("no {FLOOD} among the descendants of {wrapper:?} (pid {root})"))
         };
         flood
@@ -716,12 +718,29 @@ fn probes_preempted_scanner_of_a_containerized_app_names_the_hog() {
         "--mount-proc",
         "--kill-child",
     ];
-    let staged = stage_with(TEST, ProbeMode::On, &wrapper, &preemption_flood_args(), true, false);
+    let staged = stage_with(
+        TEST,
+        ProbeMode::On,
+        &wrapper,
+        &preemption_flood_args(),
+        true,
+        false,
+    );
     let hog = staged.hog.unwrap();
     let report = process(&staged.snapshot, staged.pid).unwrap();
-    assert_eq!(report.nspid.len(), 2, "the flood ran in its own pid namespace: {:?}", report.nspid);
+    assert_eq!(
+        report.nspid.len(),
+        2,
+        "the flood ran in its own pid namespace: {:?}",
+        report.nspid
+    );
     for storm in storms_of(&staged.snapshot, staged.pid) {
-        assert_eq!(storm.ns_tid, staged.truth.tid, "the flood's own tid: {}", describe(storm));
+        assert_eq!(
+            storm.ns_tid,
+            staged.truth.tid,
+            "the flood's own tid: {}",
+            describe(storm)
+        );
         assert!(
             storm.tid != 0 && storm.tid != storm.ns_tid,
             "a host tid, not the namespace's: {}",
