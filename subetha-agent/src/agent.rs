@@ -1071,6 +1071,7 @@ impl State {
                 id,
                 pid: tracked.pid,
                 comm: tracked.comm.clone(),
+                container_id: tracked.identity.container_id.clone(),
                 slot: episode.slot,
                 tid: episode.os_tid,
                 ns_tid: episode.ns_tid,

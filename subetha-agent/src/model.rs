@@ -417,6 +417,9 @@ pub struct StormReport {
     pub pid: u32,
     /// Its command name.
     pub comm: String,
+    /// The container its process runs in, if its cgroup names one.
+    #[serde(default)]
+    pub container_id: Option<String>,
     /// Ring slot.
     pub slot: u32,
     /// Producer OS thread id, in the agent's pid namespace (what the probes
