@@ -151,12 +151,27 @@ impl AgentProcess {
     /// `log`. Pass `--pid` (tests must not drain other tests' processes) and
     /// `--socket`/`--no-socket` (never the system socket).
     pub fn start(exe: &Path, args: &[&str], log: PathBuf) -> Self {
+        Self::start_in(&[], exe, args, log)
+    }
+
+    /// [`start`](Self::start) under `wrapper` (e.g. `setpriv --reuid 1000
+    /// ...`: the agent as another user); [`pid`](Self::pid) is then the
+    /// wrapper's, which `exec`s the agent.
+    pub fn start_in(wrapper: &[&str], exe: &Path, args: &[&str], log: PathBuf) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let listen = addr.to_string();
         let mut full = vec!["run", "--listen", listen.as_str()];
         full.extend_from_slice(args);
         let stderr = File::create(&log).expect("create the agent log");
-        let child = Command::new(exe)
+        let mut command = match wrapper.split_first() {
+            None => Command::new(exe),
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+        };
+        let child = command
             .args(&full)
             .env("SUBETHA_LOG", "info")
             .stdin(Stdio::null())

@@ -13,6 +13,13 @@
 //! field each (pid, pid namespace, start time, uid) has each refused with a
 //! message naming the failed check, while its truthful segment is served.
 //!
+//! Also: a containerized app announcing its segment on the registration
+//! socket (reachable in its mount namespace) is attached at once, by its
+//! host pid; and a rootless container — an unprivileged user's app in a
+//! user namespace of its own, root inside — is attached by an agent
+//! running as that same unprivileged user (the same-uid rule: the host
+//! uid owns the process and its memfd).
+//!
 //! The namespaces are real (`unshare(1)`); the tests need root, as in CI.
 //! Without root they say so and do nothing, unless `SUBETHA_REQUIRE_TOOLS=1`
 //! makes that a failure.
@@ -22,9 +29,10 @@ use std::time::Duration;
 
 use subetha_agent::pidns::{PidNamespace, parse_nspid};
 use subetha_tests::agent::{
-    SegmentProbe, Workload, assert_conserved, in_process_agent, process, storms_of, wait_agent,
+    AgentProcess, ScratchDir, SegmentProbe, Workload, agent_exe, assert_conserved, in_process_agent, process,
+    storms_of, wait_agent,
 };
-use subetha_tests::getuid;
+use subetha_tests::{getuid, wait_for};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_subetha-workload");
 
@@ -250,4 +258,116 @@ fn segments_lying_about_their_creator_in_its_namespace_are_refused_by_check() {
     );
     agent.stop();
     workload.close();
+}
+
+#[test]
+fn a_containerized_app_registers_on_the_socket_and_is_attached_at_once() {
+    if !can_unshare() {
+        return;
+    }
+    let scratch = ScratchDir::new("pidns-registration");
+    let socket = scratch.join("agent.sock");
+    let socket_text = socket.to_str().unwrap().to_owned();
+    // The app holds its segment back until told: only the registration can
+    // announce it (discovery would wait a minute).
+    let mut workload = Workload::spawn_in(
+        PID_MOUNT_USER_NS,
+        WORKLOAD,
+        &["run", "--threads", "2", "--rate", "2000", "--hold"],
+        &[("SUBETHA_AGENT_SOCKET", &socket_text)],
+    );
+    let pid = workload.pid();
+    let agent = in_process_agent(&[pid], |c| {
+        c.registration_socket = Some(socket.clone());
+        c.discovery_interval = Duration::from_secs(60);
+    });
+    wait_for(
+        Duration::from_secs(30),
+        "the registration socket",
+        || std::os::unix::net::UnixStream::connect(&socket).ok(),
+        String::new,
+    );
+    let started = std::time::Instant::now();
+    workload.cmd("register");
+    let report = wait_agent(&agent, "the registered app attached", |s| {
+        process(s, pid).filter(|p| p.state == "attached").cloned()
+    });
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "attached {took:?} after registering"
+    );
+    assert_eq!(
+        report.nspid.len(),
+        2,
+        "by its host pid, from SO_PEERCRED: {:?}",
+        report.nspid
+    );
+    workload.cmd("go");
+    workload.wait_progress("some observations", |t| t.attempted > 1000);
+    let truth = workload.stop();
+    let snapshot = wait_agent(&agent, "the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").map(|_| s.clone())
+    });
+    assert_conserved(
+        process(&snapshot, pid).unwrap(),
+        &truth,
+        "registered from a container",
+    );
+    agent.stop();
+}
+
+/// An unprivileged user with a user namespace of its own (rootless
+/// podman's layout: the user's uid is root inside).
+const ROOTLESS: &[&str] = &[
+    "setpriv",
+    "--reuid",
+    "1000",
+    "--regid",
+    "1000",
+    "--clear-groups",
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "--kill-child",
+];
+
+#[test]
+fn a_rootless_container_is_attached_by_an_agent_of_the_same_user() {
+    if !can_unshare() {
+        return;
+    }
+    let mut workload = Workload::spawn_in(
+        ROOTLESS,
+        WORKLOAD,
+        &["run", "--threads", "2", "--rate", "5000"],
+        &[],
+    );
+    let pid = workload.pid();
+    let ns = PidNamespace::of(pid).unwrap();
+    assert_eq!(ns.nspid.len(), 2);
+    let scratch = ScratchDir::new("pidns-rootless");
+    let pid_text = pid.to_string();
+    let agent = AgentProcess::start_in(
+        &["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"],
+        agent_exe(),
+        &["--pid", &pid_text, "--no-socket", "--probes", "off"],
+        scratch.join("agent.log"),
+    );
+    let report = agent.wait_snapshot("the unprivileged agent to attach the rootless app", |s| {
+        process(s, pid).filter(|p| p.state == "attached").cloned()
+    });
+    assert_eq!(report.uid, 1000, "the host uid");
+    let probe = SegmentProbe::open(pid);
+    assert_eq!(probe.view().layout().uid, 0, "root inside its user namespace");
+    workload.cmd("go");
+    workload.wait_progress("some observations", |t| t.attempted > 1000);
+    let truth = workload.stop();
+    let snapshot = agent.wait_snapshot("the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").map(|_| s.clone())
+    });
+    assert_conserved(process(&snapshot, pid).unwrap(), &truth, "rootless");
 }
