@@ -321,7 +321,7 @@ mod tests {
         let me = Identity::of(std::process::id(), LabelFrom::Cgroup);
         assert!(!me.exe.is_empty());
         assert!(me.cgroup.starts_with('/'), "{me:?}");
-        assert_eq!(me.service.is_some(), true);
+        assert!(me.service.is_some());
         let none = Identity::of(std::process::id(), LabelFrom::None);
         assert_eq!(
             (none.cgroup.as_str(), none.container_id, none.pod_uid),
