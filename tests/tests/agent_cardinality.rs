@@ -24,21 +24,21 @@ use subetha_tests::wait_for;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_subetha-workload");
 
-/// Series the agent has of itself: its info, scan and probe counters and
-/// gauges, `subetha_processes{state}` (three states, a few more if others
-/// appear), and the two scan-time families (at most 16 series each, as
-/// histograms or summaries).
-const AGENT_SERIES: usize = 16 + 2 * 16;
+/// Series the agent has of itself: 12 counters and gauges (its info, scan
+/// and probe counters, scan interval and maxima, refused segments,
+/// `subetha_processes` in its three states) and the two scan-time
+/// histograms (18 buckets, `_sum`, `_count`: 20 each).
+const AGENT_SERIES: usize = 12 + 2 * 20;
 /// Series per process, whatever its threads: the info series, segment
 /// size and residency, the lost and unattributed counters, four ring
 /// states, corrupt rings, drained, dropped, episodes, storms begun, storms
-/// active, and up to 12 storm causes.
+/// active (15), and one per settled storm cause (at most 12 kinds).
 const PROCESS_SERIES: usize = 15 + 12;
-/// Series per instance (its drops) and per op kind of it: ops, contended,
-/// misses, threads, the latency maximum, and the latency family (at most
-/// 24 series: buckets or quantiles, sum and count).
+/// Series per instance (its attributed drops) and per op kind of it: ops,
+/// contended, misses, threads, and once a latency is measured its maximum
+/// and its histogram (20).
 const INSTANCE_SERIES: usize = 1;
-const OP_SERIES: usize = 5 + 24;
+const OP_SERIES: usize = 4 + 1 + 20;
 
 /// The bound on distinct series for `snapshot`'s processes: the README's
 /// formula, `AGENT + Σ_processes (PROCESS + Σ_instances (INSTANCE + OP ×

@@ -18,6 +18,10 @@
 //!   the clock the probes use) and at most twice as long; without probes
 //!   still `scanner_preempted`, inferred from the scanner's `/proc`
 //!   schedstat with `low` confidence and no culprit;
+//! * **preemption in a container**: the same with the flood in pid, mount
+//!   and user namespaces of its own (`unshare`): the same verdict naming
+//!   the hog, and every storm names the flood's thread by its host tid
+//!   (with its own namespace's tid beside it);
 //! * **burst**: the producer pushes 200,000 observations back to back while
 //!   nothing hinders the scanner (see below), which scans every millisecond:
 //!   every storm is a `producer_burst`, with probes (`high`) and without
