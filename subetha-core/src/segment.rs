@@ -113,8 +113,11 @@ pub struct SegmentLayout {
     pub calibration: Calibration,
     /// CLOCK_MONOTONIC nanoseconds at creation.
     pub created_mono_ns: u64,
-    /// Zero.
-    pub reserved: u64,
+    /// Inode of the creator's pid namespace (`stat /proc/self/ns/pid`), so
+    /// that a consumer in another namespace checks `pid` in the right one;
+    /// 0 when unknown (no `/proc`, or a writer older than this field, which
+    /// was reserved and zero).
+    pub pid_ns_inode: u64,
 }
 
 /// Live, atomically accessed part of the header.
@@ -313,6 +316,14 @@ pub enum SegmentError {
         /// Header value.
         found: u64,
         /// `/proc/<pid>/stat` value.
+        expected: u64,
+    },
+    /// The header names another pid namespace than the process's.
+    #[error("segment claims pid namespace {found}, process lives in pid namespace {expected}")]
+    PidNamespaceMismatch {
+        /// Header inode.
+        found: u64,
+        /// `/proc/<pid>/ns/pid` inode.
         expected: u64,
     },
     /// The header's uid is not the process's owner.
@@ -523,7 +534,7 @@ impl Segment {
             observation_size: size_of::<crate::Observation>() as u32,
             calibration: *clock::calibration(),
             created_mono_ns: clock::monotonic_ns(),
-            reserved: 0,
+            pid_ns_inode: own_pid_ns_inode().unwrap_or(0),
         };
         let header = mapping.base.as_ptr().cast::<SegmentLayout>();
         // SAFETY: the mapping is at least HEADER_SIZE bytes, page-aligned and
@@ -584,13 +595,27 @@ fn create_sealed_memfd(len: usize) -> Result<OwnedFd, SegmentError> {
 }
 
 /// Field 22 of `/proc/self/stat`.
+///
+/// Read through `/proc/self`, not `/proc/<getpid()>`: in a pid namespace
+/// whose `/proc` was not remounted, the pid `getpid` returns names another
+/// process (or none) in the `/proc` this process sees.
 fn own_start_time() -> Option<u64> {
-    process_start_time(std::process::id())
+    stat_start_time(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// The inode of this process's pid namespace.
+fn own_pid_ns_inode() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
 /// Field 22 (`starttime`, clock ticks since boot) of `/proc/<pid>/stat`.
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of the text of a `/proc/<pid>/stat` file.
+fn stat_start_time(stat: &str) -> Option<u64> {
     // The command name (field 2) may contain spaces and parentheses: skip to
     // the last ')'. Field 3 is then the first after it; field 22 the 20th.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -607,6 +632,9 @@ pub struct Expectations {
     pub start_time_ticks: Option<u64>,
     /// That process's uid.
     pub uid: Option<u32>,
+    /// The inode of that process's pid namespace, checked against
+    /// [`SegmentLayout::pid_ns_inode`] unless the header left it 0.
+    pub pid_ns_inode: Option<u64>,
 }
 
 /// A validated handle on a segment's memory: the consumer side.
@@ -934,6 +962,15 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
             expected: start,
         });
     }
+    if let Some(inode) = expect.pid_ns_inode
+        && layout.pid_ns_inode != 0
+        && layout.pid_ns_inode != inode
+    {
+        return Err(SegmentError::PidNamespaceMismatch {
+            found: layout.pid_ns_inode,
+            expected: inode,
+        });
+    }
     if let Some(uid) = expect.uid
         && layout.uid != uid
     {
@@ -1044,6 +1081,7 @@ mod tests {
             start_time_ticks: own_start_time(),
             // SAFETY: getuid cannot fail.
             uid: Some(unsafe { libc::getuid() }),
+            pid_ns_inode: None,
         };
         let other = SegmentView::map_fd(fd, &expect).unwrap();
         assert_eq!(other.layout(), &layout);
@@ -1092,6 +1130,21 @@ mod tests {
         assert!(matches!(
             SegmentView::map_fd(fd, &wrong_start),
             Err(SegmentError::StartTimeMismatch { .. })
+        ));
+        let ours = own_pid_ns_inode().expect("/proc/self/ns/pid");
+        assert_eq!(segment.view().layout().pid_ns_inode, ours);
+        let right_ns = Expectations {
+            pid_ns_inode: Some(ours),
+            ..Default::default()
+        };
+        assert!(SegmentView::map_fd(fd, &right_ns).is_ok());
+        let wrong_ns = Expectations {
+            pid_ns_inode: Some(ours + 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            SegmentView::map_fd(fd, &wrong_ns),
+            Err(SegmentError::PidNamespaceMismatch { .. })
         ));
     }
 
