@@ -251,6 +251,12 @@ pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, At
         uid: Some(ns_uid),
         pid_ns_inode: Some(ns.inode),
     };
+    if ns.foreign {
+        // Before mapping: the app's sidecar judges a lease we will hold by
+        // this lock, which lives as long as our mapping (see
+        // `SegmentView::foreign_consumer_present`).
+        subetha_core::segment::announce_presence(file.as_fd())?;
+    }
     let view =
         SegmentView::map_fd(file.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
     if process_start_time(pid) != Some(start_time_ticks) || PidNamespace::of(pid).as_ref() != Some(&ns) {

@@ -37,20 +37,22 @@
 //! two consumers). So a consumer outside the segment creator's namespace
 //! ([`LeaseScope::Foreign`]) marks its words with [`FOREIGN_PID_BIT`], and:
 //!
-//! * a party in the creator's namespace judges a foreign *holder* by its
-//!   heartbeat (alive while younger than [`FOREIGN_STALE`]) and a foreign
-//!   *requester* as alive (a dead one's request, once granted, becomes a
-//!   holder whose heartbeat goes stale);
+//! * a party in the creator's namespace judges a foreign *holder* by the
+//!   kernel: a foreign consumer holds a shared `flock` on the memfd for as
+//!   long as it maps it ([`crate::segment::announce_presence`]), which the
+//!   kernel drops when it unmaps or dies, so a stopped holder is still
+//!   alive and a dead one is not
+//!   ([`SegmentView::foreign_consumer_present`]). Only a view without the
+//!   creator's descriptor falls back to the heartbeat (alive while younger
+//!   than [`FOREIGN_STALE`]). A foreign *requester* is taken as alive (a
+//!   dead one's request, once granted, becomes a holder that holds no lock);
 //! * the foreign party judges a creator-namespace word that names the
 //!   creator by the creator's host pid, and any other such word as alive
 //!   (it cannot tell).
 //!
-//! Breaking a stale foreign lease trusts that a holder silent for
-//! [`FOREIGN_STALE`] is gone; one stopped that long and resumed can overlap
-//! the new holder by one scan. That is the price of a namespace the holder
-//! cannot be seen from; within one namespace, a silent holder is never
-//! broken. Foreign words assume all foreign parties share one pid namespace
-//! (the host's).
+//! While two foreign consumers map one segment, the creator takes a dead
+//! one's lease for alive; the living one breaks it by its host pid. Foreign
+//! words assume all foreign parties share one pid namespace (the host's).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -93,7 +95,8 @@ static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);
 pub const FOREIGN_PID_BIT: u32 = 1 << 31;
 
 /// How long a foreign holder's heartbeat may be silent before a party in
-/// the creator's namespace takes it for gone.
+/// the creator's namespace takes it for gone, where it cannot ask the
+/// kernel (a view without the creator's descriptor).
 pub const FOREIGN_STALE: Duration = Duration::from_secs(3);
 
 /// Where a consumer stands relative to the pid namespace of the segment's
@@ -151,10 +154,10 @@ fn word_alive(view: &SegmentView, word: u64, role: Role, scope: LeaseScope) -> b
     match (word_is_foreign(word), scope) {
         (true, LeaseScope::Local) => match role {
             Role::Requester => true,
-            Role::Holder => {
+            Role::Holder => view.foreign_consumer_present().unwrap_or_else(|| {
                 let beat = view.live().consumer_heartbeat_ns.load(Ordering::Acquire);
                 clock::monotonic_ns().saturating_sub(beat) < FOREIGN_STALE.as_nanos() as u64
-            }
+            }),
         },
         (true, LeaseScope::Foreign { .. }) => process_alive(pid),
         (false, LeaseScope::Local) => process_alive(pid),
@@ -383,6 +386,7 @@ pub fn process_alive(pid: u32) -> bool {
 mod tests {
     use super::*;
     use crate::segment::{Segment, SegmentConfig};
+    use std::os::fd::{AsFd, AsRawFd};
 
     fn segment() -> Segment {
         Segment::create(SegmentConfig {
@@ -477,28 +481,63 @@ mod tests {
     const FOREIGN_DEAD: u64 = ((FOREIGN_PID_BIT as u64 | DEAD_PID) << 32) | 3;
 
     #[test]
-    fn a_foreign_holder_is_judged_by_its_heartbeat_not_its_pid() {
+    fn a_foreign_holder_is_alive_while_it_maps_the_segment_however_silent() {
         let segment = segment();
         let view = segment.view();
         let live = view.live();
         assert!(word_is_foreign(FOREIGN_DEAD));
         assert_eq!(word_pid(FOREIGN_DEAD), DEAD_PID as u32);
         live.consumer.store(FOREIGN_DEAD, Ordering::Release);
-        live.consumer_heartbeat_ns
-            .store(clock::monotonic_ns(), Ordering::Release);
-        // Its pid is dead here, but it beat just now: not broken.
+        // Silent far longer than FOREIGN_STALE (a stopped agent).
+        live.consumer_heartbeat_ns.store(1, Ordering::Release);
+        // A foreign consumer's mapping: its own open description of the
+        // memfd, locked, mapped, and the descriptor closed.
+        let fd = segment.fd().unwrap().as_raw_fd();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .unwrap();
+        crate::segment::announce_presence(file.as_fd()).unwrap();
+        let mapped = SegmentView::map_fd(file.as_fd(), &Default::default()).unwrap();
+        drop(file);
+        assert_eq!(view.foreign_consumer_present(), Some(true));
         assert_eq!(
             ConsumerLease::acquire(view).unwrap_err(),
             LeaseBusy {
                 holder_pid: DEAD_PID as u32
             }
         );
-        // Silent for longer than FOREIGN_STALE: gone.
-        let stale = clock::monotonic_ns().saturating_sub(FOREIGN_STALE.as_nanos() as u64 + 1_000_000);
-        live.consumer_heartbeat_ns.store(stale, Ordering::Release);
+        // Unmapped (as when it dies): gone, whatever its heartbeat says.
+        live.consumer_heartbeat_ns
+            .store(clock::monotonic_ns(), Ordering::Release);
+        drop(mapped);
+        assert_eq!(view.foreign_consumer_present(), Some(false));
         let taken = ConsumerLease::acquire(view).unwrap();
         assert!(taken.is_held(view));
         assert!(!word_is_foreign(taken.word()));
+    }
+
+    #[test]
+    fn without_the_creators_descriptor_a_foreign_holder_is_judged_by_its_heartbeat() {
+        let segment = segment();
+        let fd = segment.fd().unwrap().as_raw_fd();
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .unwrap();
+        // A consumer's view of the segment, which has no presence descriptor.
+        let view = SegmentView::map_fd(file.as_fd(), &Default::default()).unwrap();
+        assert_eq!(view.foreign_consumer_present(), None);
+        let live = view.live();
+        live.consumer.store(FOREIGN_DEAD, Ordering::Release);
+        live.consumer_heartbeat_ns
+            .store(clock::monotonic_ns(), Ordering::Release);
+        assert!(ConsumerLease::acquire(&view).is_err());
+        let stale = clock::monotonic_ns().saturating_sub(FOREIGN_STALE.as_nanos() as u64 + 1_000_000);
+        live.consumer_heartbeat_ns.store(stale, Ordering::Release);
+        assert!(ConsumerLease::acquire(&view).unwrap().is_held(&view));
     }
 
     #[test]

@@ -545,8 +545,9 @@ impl Segment {
             fence(Ordering::Release);
             (*header.cast::<AtomicU64>()).store(MAGIC, Ordering::Release);
         }
-        let view = SegmentView::from_mapping(mapping, &Expectations::default())
+        let mut view = SegmentView::from_mapping(mapping, &Expectations::default())
             .expect("a segment this build just wrote is valid");
+        view.presence = fd.as_ref().map(AsRawFd::as_raw_fd);
         Ok(Self { view, fd, backing })
     }
 
@@ -570,7 +571,23 @@ impl Segment {
     /// segment belonged to it.
     pub(crate) fn forget_fd(&mut self) {
         self.fd = None;
+        self.view.presence = None;
     }
+}
+
+/// Marks the open description `fd` of a segment's memfd as mapped by a
+/// consumer outside the creator's pid namespace (see
+/// [`SegmentView::foreign_consumer_present`]). The shared lock lives with
+/// the open description, which a mapping keeps open: it stays while the
+/// segment is mapped, even after `fd` is closed, and goes when it is
+/// unmapped or the process dies.
+pub fn announce_presence(fd: BorrowedFd<'_>) -> Result<(), SegmentError> {
+    // Blocking: the creator's exclusive test holds its lock for two calls.
+    // SAFETY: flock on a descriptor we borrow; no memory involved.
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        return Err(SegmentError::os("flock(LOCK_SH)"));
+    }
+    Ok(())
 }
 
 fn create_sealed_memfd(len: usize) -> Result<OwnedFd, SegmentError> {
@@ -646,6 +663,12 @@ pub struct SegmentView {
     base: NonNull<u8>,
     layout: SegmentLayout,
     _mapping: Option<Mapping>,
+    /// The creator's own descriptor of the memfd, to test for [consumers
+    /// outside its pid namespace](Self::foreign_consumer_present); `None` in
+    /// consumers. Borrowed from the [`Segment`] that owns both it and this
+    /// view (not a duplicate: discovery expects one `memfd:subetha`
+    /// descriptor per process), and cleared before that descriptor closes.
+    presence: Option<std::os::fd::RawFd>,
 }
 
 // SAFETY: the view only hands out shared references to atomics in the
@@ -706,6 +729,7 @@ impl SegmentView {
             base,
             layout,
             _mapping: None,
+            presence: None,
         })
     }
 
@@ -716,6 +740,7 @@ impl SegmentView {
             base: mapping.base,
             layout,
             _mapping: Some(mapping),
+            presence: None,
         })
     }
 
@@ -735,6 +760,28 @@ impl SegmentView {
         // aligned, and SegmentLayout is Pod so any bytes are a valid value.
         // Volatile: the bytes may change under us; we want one copy.
         Ok(unsafe { std::ptr::read_volatile(base.as_ptr().cast::<SegmentLayout>()) })
+    }
+
+    /// Whether a consumer outside the creator's pid namespace maps this
+    /// segment, asked by the creator: such a consumer holds a shared `flock`
+    /// on its own open description of the memfd ([`announce_presence`])
+    /// for as long as it maps it, and the kernel drops that lock when the
+    /// consumer unmaps or dies, however it dies. An exclusive try-lock on
+    /// the creator's description fails exactly while one is held. `None`
+    /// when this view is not the creator's or the test itself fails.
+    ///
+    /// Why a lock: the creator cannot see a host agent's pid from inside a
+    /// container, and a heartbeat cannot tell a stopped consumer (which may
+    /// resume mid-pop) from a dead one.
+    pub fn foreign_consumer_present(&self) -> Option<bool> {
+        let fd = self.presence?;
+        // SAFETY: flock on a descriptor this view owns; no memory involved.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            // SAFETY: as above; releases the lock just taken.
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
+            return Some(false);
+        }
+        (std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)).then_some(true)
     }
 
     /// The validated layout copy.

@@ -371,3 +371,64 @@ fn a_rootless_container_is_attached_by_an_agent_of_the_same_user() {
     });
     assert_conserved(process(&snapshot, pid).unwrap(), &truth, "rootless");
 }
+
+/// A host agent stopped (SIGSTOP) for longer than any heartbeat allows keeps
+/// the lease of an app in a container, whose sidecar cannot see the agent's
+/// pid: its presence lock on the segment says it lives and may resume
+/// mid-pop. Killed, it loses the lease to the sidecar at once, and the books
+/// balance across both consumers.
+#[test]
+fn a_stopped_host_agent_keeps_a_containerized_apps_lease_and_a_dead_one_loses_it() {
+    if !can_unshare() {
+        return;
+    }
+    let mut workload = Workload::spawn_in(
+        PID_NS,
+        WORKLOAD,
+        &["run", "--threads", "2", "--rate", "5000"],
+        &[],
+    );
+    let pid = workload.pid();
+    let ns = PidNamespace::of(pid).unwrap();
+    let scratch = ScratchDir::new("pidns-stopped-agent");
+    let pid_text = pid.to_string();
+    let mut agent = AgentProcess::start(
+        agent_exe(),
+        &["--pid", &pid_text, "--no-socket", "--probes", "off"],
+        scratch.join("agent.log"),
+    );
+    agent.wait_snapshot("the agent to attach", |s| {
+        process(s, pid).filter(|p| p.state == "attached").cloned()
+    });
+    let probe = SegmentProbe::open(pid);
+    probe.wait_lease(agent.pid(), "the host agent takes it");
+    workload.cmd("go");
+    workload.wait_progress("some observations", |t| t.attempted > 1000);
+
+    agent.signal(libc::SIGSTOP);
+    std::thread::sleep(subetha_core::lease::FOREIGN_STALE + Duration::from_secs(2));
+    assert_eq!(
+        probe.lease_pid(),
+        agent.pid(),
+        "the sidecar broke a stopped agent's lease (two consumers once it resumes)"
+    );
+    agent.signal(libc::SIGCONT);
+    probe.wait_drained_above(probe.totals().drained, "the resumed agent drains");
+
+    agent.signal(libc::SIGKILL);
+    let _ = agent.wait_exit(Duration::from_secs(10));
+    let killed = std::time::Instant::now();
+    probe.wait_lease(ns.own_pid(), "the sidecar takes a dead agent's lease back");
+    assert!(
+        killed.elapsed() < subetha_core::lease::FOREIGN_STALE,
+        "taken back after {:?}: judged by heartbeat, not by the agent's death",
+        killed.elapsed()
+    );
+    let truth = workload.stop();
+    let totals = probe.totals();
+    assert_eq!(
+        truth.attempted,
+        totals.drained + totals.dropped + totals.lost + totals.waiting,
+        "books across the agent and the sidecar: {truth:?} {totals:?}"
+    );
+}
