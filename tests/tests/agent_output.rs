@@ -66,6 +66,9 @@ fn every_printing_subcommand_is_quiet_on_a_closed_pipe() {
     let out_dir = out_dir.to_str().unwrap();
     let report = scratch.join("report.html");
     let report = report.to_str().unwrap();
+    let config = scratch.join("agent.toml");
+    std::fs::write(&config, "").unwrap();
+    let config = config.to_str().unwrap();
     for args in [
         &["status", "--addr", &addr][..],
         &["status", "--addr", &addr, "--json"],
@@ -84,7 +87,7 @@ fn every_printing_subcommand_is_quiet_on_a_closed_pipe() {
         ],
         &["doctor"],
         &["doctor", "--json"],
-        &["config", "check", "--config", "/nonexistent/agent.toml"],
+        &["config", "check", "--config", config],
         &["completions", "bash"],
         &["report", "--addr", &addr, "--out", report],
         &["generate", "completions", "--out-dir", out_dir],
@@ -120,23 +123,32 @@ fn logs_to_a_file_carry_no_colour_codes() {
         !text.contains('\u{1b}'),
         "escape codes in a log written to a file:\n{text:?}"
     );
-    // The same for a command's log on a pipe.
-    let output = Command::new(agent_exe())
-        .args(["snapshot", "--pid", NO_PID, "--probes", "off", "--duration", "50ms"])
-        .env("SUBETHA_LOG", "debug")
+    // The same for a log on a pipe.
+    let mut child = Command::new(agent_exe())
+        .args(["run", "--listen", "127.0.0.1:0", "--pid", NO_PID, "--no-socket", "--probes", "off"])
+        .env("SUBETHA_LOG", "info")
         .env_remove("NO_COLOR")
-        .output()
-        .expect("run subetha-agent snapshot");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert!(stderr.contains("DEBUG"), "something was logged:\n{stderr}");
-    assert!(!stderr.contains('\u{1b}'), "escape codes on a pipe:\n{stderr:?}");
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run subetha-agent run");
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stderr.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(first.contains("INFO"), "a line was logged: {first:?}");
+    assert!(!first.contains('\u{1b}'), "escape codes on a pipe: {first:?}");
 }
 
 #[test]
 fn status_summarises_storms_and_storms_has_the_evidence() {
     let scratch = ScratchDir::new("status-summary");
-    let workload = Workload::spawn(
+    let mut workload = Workload::spawn(
         WORKLOAD,
         &[
             "run",
@@ -157,6 +169,7 @@ fn status_summarises_storms_and_storms_has_the_evidence() {
         &["--pid", &pid, "--no-socket", "--probes", "off"],
         scratch.join("agent.log"),
     );
+    assert!(workload.cmd("go").is_empty());
     // Enough storms, with causes, that the summary must cut.
     let snapshot = agent.wait_snapshot("a dozen storms with causes", |s| {
         let with_cause = s.storms.iter().filter(|s| s.cause.is_some()).count();
