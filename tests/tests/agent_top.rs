@@ -404,6 +404,49 @@ fn sigterm_restores_the_terminal() {
 }
 
 #[test]
+fn sighup_restores_the_terminal() {
+    let Some(rig) = Rig::start("top_sighup", "") else {
+        return;
+    };
+    rig.wait_live_rates();
+    let top = rig.top_pid();
+    // SAFETY: kill(2) on a pid we just read as our pane's child; no memory.
+    assert_eq!(unsafe { libc::kill(top, libc::SIGHUP) }, 0);
+    assert_eq!(rig.wait_exit(), 0);
+}
+
+/// Whether `pid` has exited (gone, or a zombie nobody reaped yet).
+fn exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn a_terminal_that_goes_away_ends_top() {
+    let Some(rig) = Rig::start("top_hangup", "") else {
+        return;
+    };
+    rig.wait_live_rates();
+    let top = rig.top_pid();
+    // The window closes under it: the pty hangs up (SIGHUP, then EOF/EIO
+    // on every read).
+    rig.tmux.kill_window();
+    let started = std::time::Instant::now();
+    let bound = std::time::Duration::from_secs(5);
+    while !exited(top) {
+        assert!(
+            started.elapsed() < bound,
+            "top (pid {top}) still runs {bound:?} after its terminal went away"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn a_panic_restores_the_terminal_before_the_message() {
     let Some(rig) = Rig::start("top_panic", "export SUBETHA_TOP_TEST_PANIC=1\n") else {
         return;
