@@ -387,6 +387,14 @@ fn run(settings: RunSettings) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind(settings.listen))
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     tracing::info!(addr = %settings.listen, "serving /metrics and /api/v1");
+    if !settings.listen.ip().is_loopback() {
+        tracing::warn!(
+            addr = %settings.listen,
+            "listening beyond loopback, without authentication: anyone who can reach this address \
+             reads the pids, uids, thread names and commands of every drained process; \
+             keep it on 127.0.0.1 unless a scraper on another host needs it, and then firewall it"
+        );
+    }
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     let agent = Arc::new(agent);
     let source: Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync> = {

@@ -122,11 +122,13 @@ mod tests {
         assert_eq!(wait_fd(fd, Duration::from_millis(10)).unwrap(), Input::Idle);
         write.write_all(b"q").unwrap();
         assert_eq!(wait_fd(fd, Duration::from_millis(10)).unwrap(), Input::Ready);
-        drop(write);
-        // Still a byte to read: not gone yet.
-        assert_eq!(wait_fd(fd, Duration::from_millis(10)).unwrap(), Input::Ready);
         let mut byte = [0u8; 1];
         std::io::Read::read_exact(&mut &read, &mut byte).unwrap();
+        assert_eq!(wait_fd(fd, Duration::from_millis(10)).unwrap(), Input::Idle);
+        // The other side hung up: gone, even with a key still unread
+        // (nobody is there to see what it would do).
+        write.write_all(b"q").unwrap();
+        drop(write);
         assert_eq!(wait_fd(fd, Duration::from_millis(10)).unwrap(), Input::Gone);
     }
 

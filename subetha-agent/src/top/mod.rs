@@ -19,10 +19,11 @@
 //!   thread of its own.
 //! * [`rates`] — per-second rates from two snapshots.
 //! * [`state`] — the UI state and the keys.
-//! * [`render`] — drawing it.
+//! * [`render`] — drawing it; [`columns`] — fitting tables to the width.
 //! * [`input`] — waiting for keys, noticing a terminal that went away.
 //! * [`terminal`] — taking the terminal and giving it back.
 
+pub mod columns;
 pub mod input;
 pub mod rates;
 pub mod render;
