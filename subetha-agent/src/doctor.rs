@@ -166,7 +166,11 @@ pub fn run() -> Vec<Check> {
 pub fn print(out: &mut impl std::io::Write, checks: &[Check]) -> std::io::Result<()> {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
     for check in checks {
-        writeln!(out, "{:<7} {:<width$}  {}", check.status, check.name, check.detail)?;
+        writeln!(
+            out,
+            "{:<7} {:<width$}  {}",
+            check.status, check.name, check.detail
+        )?;
     }
     Ok(())
 }

@@ -165,7 +165,11 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
         let kind = cause
             .downcast_ref::<std::io::Error>()
             .map(std::io::Error::kind)
-            .or_else(|| cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind));
+            .or_else(|| {
+                cause
+                    .downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            });
         kind == Some(std::io::ErrorKind::BrokenPipe)
     })
 }
@@ -625,7 +629,11 @@ fn print_storm(out: &mut impl Write, s: &subetha_agent::model::StormReport) -> s
         s.max_scan_gap_ns as f64 / 1e6,
     )?;
     if let Some(cause) = &s.cause {
-        writeln!(out, "      cause ({} confidence): {}", cause.confidence, cause.summary)?;
+        writeln!(
+            out,
+            "      cause ({} confidence): {}",
+            cause.confidence, cause.summary
+        )?;
         for line in &cause.evidence {
             writeln!(out, "        - {line}")?;
         }

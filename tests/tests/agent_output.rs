@@ -74,7 +74,15 @@ fn every_printing_subcommand_is_quiet_on_a_closed_pipe() {
         &["status", "--addr", &addr, "--json"],
         &["storms", "--addr", &addr],
         &["storms", "--addr", &addr, "--json"],
-        &["snapshot", "--pid", NO_PID, "--probes", "off", "--duration", "50ms"],
+        &[
+            "snapshot",
+            "--pid",
+            NO_PID,
+            "--probes",
+            "off",
+            "--duration",
+            "50ms",
+        ],
         &[
             "snapshot",
             "--pid",
@@ -125,7 +133,16 @@ fn logs_to_a_file_carry_no_colour_codes() {
     );
     // The same for a log on a pipe.
     let mut child = Command::new(agent_exe())
-        .args(["run", "--listen", "127.0.0.1:0", "--pid", NO_PID, "--no-socket", "--probes", "off"])
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--pid",
+            NO_PID,
+            "--no-socket",
+            "--probes",
+            "off",
+        ])
         .env("SUBETHA_LOG", "info")
         .env_remove("NO_COLOR")
         .stdin(Stdio::null())

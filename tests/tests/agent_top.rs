@@ -425,15 +425,13 @@ fn cut_numbers(screen: &str) -> Vec<String> {
                 .unwrap_or(token);
             let has_unit = number.len() != token.len();
             let whole = !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
-            let decimal = number
-                .split_once('.')
-                .is_some_and(|(int, frac)| {
-                    !int.is_empty()
-                        && !frac.is_empty()
-                        && int.chars().all(|c| c.is_ascii_digit())
-                        && frac.chars().all(|c| c.is_ascii_digit())
-                        && (has_unit || (int.len() == 1 && frac.len() == 1))
-                });
+            let decimal = number.split_once('.').is_some_and(|(int, frac)| {
+                !int.is_empty()
+                    && !frac.is_empty()
+                    && int.chars().all(|c| c.is_ascii_digit())
+                    && frac.chars().all(|c| c.is_ascii_digit())
+                    && (has_unit || (int.len() == 1 && frac.len() == 1))
+            });
             !(whole || decimal)
         })
         .map(str::to_owned)

@@ -853,11 +853,17 @@ mod advice_tests {
     #[test]
     fn memlock_is_named_only_when_it_can_explain_the_failure() {
         let refused = std::io::Error::from_raw_os_error(libc::EPERM);
-        let verifier = load_advice("the BPF_PROG_LOAD syscall failed: invalid argument".into(), Some(&refused));
+        let verifier = load_advice(
+            "the BPF_PROG_LOAD syscall failed: invalid argument".into(),
+            Some(&refused),
+        );
         assert!(!verifier.contains("RLIMIT_MEMLOCK"), "{verifier}");
         let enomem = load_advice("map events: Cannot allocate memory".into(), Some(&refused));
         assert!(enomem.contains("RLIMIT_MEMLOCK"), "{enomem}");
         let eperm = load_advice("creating map events: Operation not permitted".into(), None);
-        assert!(eperm.contains("CAP_BPF + CAP_PERFMON") && !eperm.contains("RLIMIT_MEMLOCK"), "{eperm}");
+        assert!(
+            eperm.contains("CAP_BPF + CAP_PERFMON") && !eperm.contains("RLIMIT_MEMLOCK"),
+            "{eperm}"
+        );
     }
 }

@@ -129,7 +129,11 @@ mod tests {
     #[test]
     fn everything_fits_when_wide_enough() {
         let columns = [Column::text(5), Column::keep(4), Column::optional(4, 1)];
-        let (kept, constraints) = fit(&columns, &cells(&[&["name", "ops/s", "drops"], &["x", "20.76M", "3"]]), 40);
+        let (kept, constraints) = fit(
+            &columns,
+            &cells(&[&["name", "ops/s", "drops"], &["x", "20.76M", "3"]]),
+            40,
+        );
         assert_eq!(kept, vec![0, 1, 2]);
         assert_eq!(
             constraints,
@@ -146,7 +150,10 @@ mod tests {
             Column::optional(6, 1),
             Column::optional(6, 2),
         ];
-        let rows = cells(&[&["instance", "ops/s", "ops", "drops"], &["a", "20.76M", "1.23M", "12"]]);
+        let rows = cells(&[
+            &["instance", "ops/s", "ops", "drops"],
+            &["a", "20.76M", "1.23M", "12"],
+        ]);
         // 6 + 6 + 6 + 6 + 3 spaces = 27: at 20, the drop-2 column goes.
         let (kept, constraints) = fit(&columns, &rows, 20);
         assert_eq!(kept, vec![0, 1, 2]);
@@ -154,6 +161,9 @@ mod tests {
         // At 13 the drop-1 column goes too, and nothing else can.
         assert_eq!(fit(&columns, &rows, 13).0, vec![0, 1]);
         assert_eq!(fit(&columns, &rows, 3).0, vec![0, 1]);
-        assert_eq!(pick(&rows[1], &[0, 1]), vec!["a".to_string(), "20.76M".to_string()]);
+        assert_eq!(
+            pick(&rows[1], &[0, 1]),
+            vec!["a".to_string(), "20.76M".to_string()]
+        );
     }
 }

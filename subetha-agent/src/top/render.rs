@@ -324,8 +324,20 @@ fn draw_process_table(frame: &mut Frame<'_>, area: Rect, app: &App) {
     let rows = app.process_rows();
     let sort = app.sort;
     let names = [
-        "pid", "command", "state", "inst", "rings", "ops/s", "ops", "cont%", "p99 wait", "drained/s", "drops/s",
-        "dropped", "lost", "storms",
+        "pid",
+        "command",
+        "state",
+        "inst",
+        "rings",
+        "ops/s",
+        "ops",
+        "cont%",
+        "p99 wait",
+        "drained/s",
+        "drops/s",
+        "dropped",
+        "lost",
+        "storms",
     ];
     let header = vec![
         Cell::from("pid"),
@@ -388,7 +400,13 @@ fn draw_process_table(frame: &mut Frame<'_>, area: Rect, app: &App) {
         Column::optional(4, 9),
         Column::optional(6, 3),
     ];
-    let table = fitted_table(&spec, header, labels(&names, Some(sorted_label(sort))), body, area)
+    let table = fitted_table(
+        &spec,
+        header,
+        labels(&names, Some(sorted_label(sort))),
+        body,
+        area,
+    )
     .row_highlight_style(SELECTED)
     .block(panel(
         format!("processes ({})", rows.len()),
@@ -413,8 +431,19 @@ fn draw_instance_table(
 ) {
     let sort = app.sort;
     let names = [
-        "process", "instance", "kind", "ops/s", "ops", "cont%", "contended", "misses", "p50 wait", "p99 wait",
-        "drops/s", "drops", "threads",
+        "process",
+        "instance",
+        "kind",
+        "ops/s",
+        "ops",
+        "cont%",
+        "contended",
+        "misses",
+        "p50 wait",
+        "p99 wait",
+        "drops/s",
+        "drops",
+        "threads",
     ];
     let header = vec![
         Cell::from("process"),
@@ -473,7 +502,13 @@ fn draw_instance_table(
         Column::optional(5, 3),
         Column::optional(7, 9),
     ];
-    let table = fitted_table(&spec, header, labels(&names, Some(sorted_label(sort))), body, area)
+    let table = fitted_table(
+        &spec,
+        header,
+        labels(&names, Some(sorted_label(sort))),
+        body,
+        area,
+    )
     .row_highlight_style(SELECTED)
     .block(panel(title, focused));
     let mut state = TableState::default().with_selected(if focused { selected } else { None });
@@ -664,7 +699,17 @@ fn draw_process(
         info,
     );
     let names = [
-        "slot", "state", "tid", "thread", "gen", "drained/s", "drained", "dropped/s", "dropped", "episodes", "note",
+        "slot",
+        "state",
+        "tid",
+        "thread",
+        "gen",
+        "drained/s",
+        "drained",
+        "dropped/s",
+        "dropped",
+        "episodes",
+        "note",
     ];
     let header = names.iter().map(|n| Cell::from(*n)).collect();
     let ring_rows = process
@@ -712,7 +757,7 @@ fn draw_process(
         Column::optional_text(4, 2),
     ];
     let table = fitted_table(&spec, header, labels(&names, None), ring_rows, rings)
-    .block(panel(format!("rings ({})", process.rings.len()), false));
+        .block(panel(format!("rings ({})", process.rings.len()), false));
     frame.render_widget(table, rings);
     let rows = app.instance_rows(Some(key));
     let selected = app.instance_index(&rows);
@@ -849,8 +894,7 @@ fn draw_instance(
         Column::optional(3, 2),
         Column::optional(7, 9),
     ];
-    let table = fitted_table(&spec, header, labels(&names, None), rows, ops)
-    .block(panel(
+    let table = fitted_table(&spec, header, labels(&names, None), rows, ops).block(panel(
         format!("operations of {} (Esc: back)", instance.name),
         true,
     ));
