@@ -162,12 +162,17 @@ pub fn run() -> Vec<Check> {
     checks
 }
 
-/// Prints the checks as aligned text.
-pub fn print(checks: &[Check]) {
+/// Writes the checks as aligned text.
+pub fn print(out: &mut impl std::io::Write, checks: &[Check]) -> std::io::Result<()> {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
     for check in checks {
-        println!("{:<7} {:<width$}  {}", check.status, check.name, check.detail);
+        writeln!(
+            out,
+            "{:<7} {:<width$}  {}",
+            check.status, check.name, check.detail
+        )?;
     }
+    Ok(())
 }
 
 fn effective_caps() -> u64 {

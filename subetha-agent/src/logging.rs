@@ -2,6 +2,10 @@
 //! stderr, and a rate limiter for warnings that could otherwise repeat on
 //! every scan.
 //!
+//! Text lines are coloured only when stderr is a terminal and `NO_COLOR` is
+//! unset or empty (<https://no-color.org>): a file, a pipe or the journal
+//! gets plain text ([`colour`]; tested by `tests/tests/agent_cli.rs`).
+//!
 //! # Rate-limited warnings
 //!
 //! Some warnings are about one process's segment and can recur as fast as
@@ -46,17 +50,29 @@ pub enum LogFormat {
 }
 
 /// Installs the process-wide subscriber: level filter from `SUBETHA_LOG`
-/// (default `info`), lines on stderr in `format`. Call once, first thing.
+/// (default `info`), lines on stderr in `format`, coloured per [`colour`].
+/// Call once, first thing.
 pub fn init(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SUBETHA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// Whether log lines get ANSI colour: only on a terminal, and not when
+/// `NO_COLOR` is set to anything but the empty string.
+pub fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 /// At most one message per key per this long.
@@ -328,6 +344,16 @@ mod tests {
             limiter.check("recent", 1u32).is_none(),
             "a key within its window survives the prune"
         );
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))), "an empty NO_COLOR is unset");
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None), "a file, pipe or journal: plain");
+        assert!(!colour(false, Some(OsStr::new("1"))));
     }
 
     #[test]

@@ -145,14 +145,33 @@ fn main() -> std::process::ExitCode {
     exit_code(start(cli, &matches))
 }
 
+/// Success, a quiet success when stdout's reader went away (`storms |
+/// head`: the reader has what it wanted), or the error on stderr and
+/// failure. Never panics on a closed stdout or stderr.
 fn exit_code(result: Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) if is_broken_pipe(&error) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("subetha-agent: {error:#}");
+            let _ = writeln!(std::io::stderr(), "subetha-agent: {error:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `error` comes from writing to a pipe whose reader has closed it.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        let kind = cause
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                cause
+                    .downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            });
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Resolves `run`'s settings (they choose the log format), starts logging,
@@ -175,7 +194,9 @@ fn start(cli: Cli, matches: &ArgMatches) -> Result<()> {
         Command::Config(ConfigCommand::Check(args)) => {
             let (_, check_matches) = sub_matches.subcommand().expect("config has a subcommand");
             let settings = settings(&args, check_matches)?;
-            print!("{}", settings.to_toml());
+            let mut out = std::io::stdout().lock();
+            out.write_all(settings.to_toml().as_bytes())?;
+            out.flush()?;
             Ok(())
         }
         command => {
@@ -195,20 +216,23 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Report(args) => subetha_agent::report::run(args),
         Command::Doctor { json } => {
             let checks = doctor::run();
+            let mut out = std::io::stdout().lock();
             if json {
-                println!("{}", serde_json::to_string_pretty(&checks)?);
+                writeln!(out, "{}", serde_json::to_string_pretty(&checks)?)?;
             } else {
-                doctor::print(&checks);
+                doctor::print(&mut out, &checks)?;
             }
+            out.flush()?;
             Ok(())
         }
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "subetha-agent",
-                &mut std::io::stdout(),
-            );
+            // Generated into memory first: clap_complete panics on a write
+            // error, and a closed stdout must not be a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "subetha-agent", &mut script);
+            let mut out = std::io::stdout().lock();
+            out.write_all(&script)?;
+            out.flush()?;
             Ok(())
         }
     }
@@ -227,7 +251,7 @@ fn generate_man(out_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     clap_mangen::generate_to(Cli::command(), out_dir)
         .with_context(|| format!("writing man pages into {}", out_dir.display()))?;
-    println!("man pages written to {}", out_dir.display());
+    writeln!(std::io::stdout(), "man pages written to {}", out_dir.display())?;
     Ok(())
 }
 
@@ -238,7 +262,11 @@ fn generate_completions(out_dir: &Path) -> Result<()> {
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         let path = clap_complete::generate_to(shell, &mut Cli::command(), "subetha-agent", out_dir)
             .with_context(|| format!("writing {shell} completions into {}", out_dir.display()))?;
-        println!("{shell} completions written to {}", path.display());
+        writeln!(
+            std::io::stdout(),
+            "{shell} completions written to {}",
+            path.display()
+        )?;
     }
     Ok(())
 }
@@ -363,6 +391,14 @@ fn run(settings: RunSettings) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind(settings.listen))
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     tracing::info!(addr = %settings.listen, "serving /metrics and /api/v1");
+    if !settings.listen.ip().is_loopback() {
+        tracing::warn!(
+            addr = %settings.listen,
+            "listening beyond loopback, without authentication: anyone who can reach this address \
+             reads the pids, uids, thread names and commands of every drained process; \
+             keep it on 127.0.0.1 unless a scraper on another host needs it, and then firewall it"
+        );
+    }
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     let agent = Arc::new(agent);
     let source: Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync> = {
@@ -441,13 +477,14 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     std::thread::sleep(args.duration);
     let snapshot = agent.stop();
+    let mut out = std::io::stdout().lock();
     if args.json {
-        let mut out = std::io::stdout().lock();
         serde_json::to_writer(&mut out, &snapshot)?;
         writeln!(out)?;
     } else {
-        print_summary(&snapshot, false);
+        print_summary(&mut out, &snapshot, View::Summary)?;
     }
+    out.flush()?;
     Ok(())
 }
 
@@ -459,32 +496,53 @@ fn status(args: StatusArgs, storms_only: bool) -> Result<()> {
         )
     })?;
     let snapshot: AgentSnapshot = serde_json::from_str(&body).context("agent sent an unreadable snapshot")?;
+    let mut out = std::io::stdout().lock();
     if args.json {
         if storms_only {
-            println!("{}", serde_json::to_string_pretty(&snapshot.storms)?);
+            writeln!(out, "{}", serde_json::to_string_pretty(&snapshot.storms)?)?;
         } else {
-            println!("{body}");
+            writeln!(out, "{body}")?;
         }
     } else {
-        print_summary(&snapshot, storms_only);
+        print_summary(
+            &mut out,
+            &snapshot,
+            if storms_only { View::Storms } else { View::Summary },
+        )?;
     }
+    out.flush()?;
     Ok(())
 }
 
+/// Which text form [`print_summary`] prints.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// `status`, `snapshot`: processes and instances, then the newest
+    /// storms one line each.
+    Summary,
+    /// `storms`: every storm with its cause and all of its evidence.
+    Storms,
+}
+
+/// Storms `status` lists (one line each) before pointing to `storms`.
+const SUMMARY_STORMS: usize = 10;
+
 /// A readable summary: processes, instances, storms (newest first).
-fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
-    if !storms_only {
+fn print_summary(out: &mut impl Write, snapshot: &AgentSnapshot, view: View) -> std::io::Result<()> {
+    if view == View::Summary {
         let a = &snapshot.agent;
-        println!(
+        writeln!(
+            out,
             "agent pid {} · {} scans · interval {} µs · scan p99 {} µs · gap p99 {} µs",
             a.pid,
             a.scans,
             a.scan_interval_us,
             a.scan_duration_ns.p99 / 1000,
             a.scan_gap_ns.p99 / 1000
-        );
+        )?;
         for p in &snapshot.processes {
-            println!(
+            writeln!(
+                out,
                 "\nprocess {} ({}) {} — drained {} dropped {} lost {}{}",
                 p.pid,
                 p.comm,
@@ -493,16 +551,18 @@ fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
                 p.dropped,
                 p.lost_no_ring,
                 p.note.as_deref().map(|n| format!(" — {n}")).unwrap_or_default()
-            );
+            )?;
             if let Some(identity) = identity_line(p) {
-                println!("  {identity}");
+                writeln!(out, "  {identity}")?;
             }
-            println!(
+            writeln!(
+                out,
                 "  {:<24} {:<10} {:>12} {:>10} {:>10} {:>10} {:>10}",
                 "instance", "kind", "ops", "contended", "misses", "p50 ns", "p99 ns"
-            );
+            )?;
             for i in &p.instances {
-                println!(
+                writeln!(
+                    out,
                     "  {:<24} {:<10} {:>12} {:>10} {:>10} {:>10} {:>10}{}",
                     truncate(&i.name, 24),
                     truncate(&i.kind, 10),
@@ -512,41 +572,91 @@ fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
                     i.latency_ns.p50,
                     i.latency_ns.p99,
                     if i.retired { " (retired)" } else { "" }
-                );
+                )?;
             }
         }
         for r in &snapshot.refused {
-            println!("\nrefused {} (pid {}): {}", r.path, r.pid, r.reason);
+            writeln!(out, "\nrefused {} (pid {}): {}", r.path, r.pid, r.reason)?;
         }
     }
-    println!("\nstorms ({}):", snapshot.storms.len());
-    for s in snapshot.storms.iter().rev() {
-        let duration = s.duration_ns as f64 / 1e6;
-        println!(
-            "  #{} pid {} ({}{}) thread {} [{}] slot {}: {} dropped over {:.3} ms{}; first instance {}; longest scan gap {:.3} ms",
-            s.id,
-            s.pid,
-            s.comm,
-            s.container_id
-                .as_deref()
-                .map(|id| format!(", container {}", short_id(id)))
-                .unwrap_or_default(),
-            s.tid,
-            s.thread_name,
-            s.slot,
-            s.dropped,
-            duration,
-            if s.end_mono_ns.is_none() { " (ongoing)" } else { "" },
-            s.first_instance.as_deref().unwrap_or("?"),
-            s.max_scan_gap_ns as f64 / 1e6,
-        );
-        if let Some(cause) = &s.cause {
-            println!("      cause ({} confidence): {}", cause.confidence, cause.summary);
-            for line in &cause.evidence {
-                println!("        - {line}");
-            }
+    writeln!(out, "\nstorms ({}):", snapshot.storms.len())?;
+    let shown = match view {
+        View::Summary => SUMMARY_STORMS,
+        View::Storms => usize::MAX,
+    };
+    for s in snapshot.storms.iter().rev().take(shown) {
+        match view {
+            View::Summary => writeln!(out, "  {}", storm_line(s))?,
+            View::Storms => print_storm(out, s)?,
         }
     }
+    if view == View::Summary {
+        let older = snapshot.storms.len().saturating_sub(SUMMARY_STORMS);
+        if older > 0 {
+            writeln!(out, "  … and {older} older")?;
+        }
+        if !snapshot.storms.is_empty() {
+            writeln!(out, "  (causes and evidence: subetha-agent storms)")?;
+        }
+    }
+    Ok(())
+}
+
+/// A storm in one line: where, how much, and the cause's sentence.
+fn storm_line(s: &subetha_agent::model::StormReport) -> String {
+    format!(
+        "#{} pid {} ({}{}) thread {}: {} dropped over {:.3} ms{} — {}",
+        s.id,
+        s.pid,
+        s.comm,
+        container_suffix(s),
+        s.tid,
+        s.dropped,
+        s.duration_ns as f64 / 1e6,
+        if s.end_mono_ns.is_none() { " (ongoing)" } else { "" },
+        s.cause
+            .as_ref()
+            .map_or("cause not known yet", |cause| cause.summary.as_str()),
+    )
+}
+
+/// `, container <short id>` for a storm in a container.
+fn container_suffix(s: &subetha_agent::model::StormReport) -> String {
+    s.container_id
+        .as_deref()
+        .map(|id| format!(", container {}", short_id(id)))
+        .unwrap_or_default()
+}
+
+/// A storm with everything known about it.
+fn print_storm(out: &mut impl Write, s: &subetha_agent::model::StormReport) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "  #{} pid {} ({}{}) thread {} [{}] slot {}: {} dropped over {:.3} ms{}; first instance {}; longest scan gap {:.3} ms",
+        s.id,
+        s.pid,
+        s.comm,
+        container_suffix(s),
+        s.tid,
+        s.thread_name,
+        s.slot,
+        s.dropped,
+        s.duration_ns as f64 / 1e6,
+        if s.end_mono_ns.is_none() { " (ongoing)" } else { "" },
+        s.first_instance.as_deref().unwrap_or("?"),
+        s.max_scan_gap_ns as f64 / 1e6,
+    )?;
+    if let Some(cause) = &s.cause {
+        writeln!(
+            out,
+            "      cause ({} confidence): {}",
+            cause.confidence, cause.summary
+        )?;
+        for line in &cause.evidence {
+            writeln!(out, "        - {line}")?;
+        }
+    }
+    Ok(())
 }
 
 /// `service … · container … · pod … · cgroup … · pid N in its namespace`,

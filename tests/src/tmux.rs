@@ -99,6 +99,12 @@ impl Tmux {
         }
     }
 
+    /// Kills the session's window: its pane's terminal hangs up, as when an
+    /// ssh connection drops or a terminal window is closed.
+    pub fn kill_window(&self) {
+        self.run(&["kill-window", "-t", "main"]);
+    }
+
     /// A tmux format about the pane (e.g. `#{alternate_on}`).
     pub fn display(&self, format: &str) -> String {
         self.run(&["display-message", "-p", "-t", "main", format])

@@ -44,6 +44,10 @@ struct Rig {
 
 impl Rig {
     fn start(test: &str, env: &str) -> Option<Self> {
+        Self::start_sized(test, env, (160, 45))
+    }
+
+    fn start_sized(test: &str, env: &str, (width, height): (u16, u16)) -> Option<Self> {
         if !Tmux::available(test) {
             return None;
         }
@@ -79,7 +83,7 @@ impl Rig {
         let exe = agent_exe().to_str().expect("UTF-8 path").to_owned();
         let addr = agent.addr().to_string();
         let script = format!("{env}{WRAPPER}");
-        let tmux = Tmux::start(test, 160, 45, &["sh", "-c", &script, "sh", &exe, &addr]);
+        let tmux = Tmux::start(test, width, height, &["sh", "-c", &script, "sh", &exe, &addr]);
         Some(Self {
             tmux,
             agent,
@@ -401,6 +405,122 @@ fn sigterm_restores_the_terminal() {
     // SAFETY: kill(2) on a pid we just read as our pane's child; no memory.
     assert_eq!(unsafe { libc::kill(top, libc::SIGTERM) }, 0);
     assert_eq!(rig.wait_exit(), 0);
+}
+
+/// Numbers on `screen` that were cut: `20.` for `20.76M`, `20.7` for
+/// `20.76M`, `1.2` for `1.23µs`. What `top` prints is a whole number, a
+/// number with a unit (`k`, `M`, `G`, `%`, `ns`, `µs`, `ms`, `s`), or below
+/// 10 one decimal (`4.5`).
+fn cut_numbers(screen: &str) -> Vec<String> {
+    let units = ["k", "M", "G", "%", "ns", "µs", "ms", "s", "x"];
+    screen
+        .split(|c: char| c.is_whitespace() || "│┌┐└┘─(),·▼".contains(c))
+        .filter(|t| t.starts_with(|c: char| c.is_ascii_digit()) && !t.starts_with("0x"))
+        // Addresses, times, ratios and names are not numbers.
+        .filter(|t| !t.contains([':', '/', '-', '_', '#']))
+        .filter(|token| {
+            let number = units
+                .iter()
+                .find_map(|unit| token.strip_suffix(unit))
+                .unwrap_or(token);
+            let has_unit = number.len() != token.len();
+            let whole = !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
+            let decimal = number.split_once('.').is_some_and(|(int, frac)| {
+                !int.is_empty()
+                    && !frac.is_empty()
+                    && int.chars().all(|c| c.is_ascii_digit())
+                    && frac.chars().all(|c| c.is_ascii_digit())
+                    && (has_unit || (int.len() == 1 && frac.len() == 1))
+            });
+            !(whole || decimal)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn cut_numbers_are_recognised() {
+    assert_eq!(
+        cut_numbers("│ 20. 20.7 1.2 4.5 20.76M 1.23µs 0.0% 12 3k 127.0.0.1:9464 worker-0 12.3ms"),
+        vec!["20.", "20.7"]
+    );
+}
+
+#[test]
+fn an_80_by_24_terminal_shows_whole_numbers() {
+    let Some(rig) = Rig::start_sized("top_80x24", "", (80, 24)) else {
+        return;
+    };
+    let tmux = &rig.tmux;
+    let check = |what: &str, done: &dyn Fn(&str) -> bool| {
+        // Several frames, so rates (which need two snapshots) are on screen.
+        let mut frames = 0;
+        tmux.wait_screen(
+            what,
+            |screen| {
+                assert!(
+                    cut_numbers(screen).is_empty(),
+                    "{what}: numbers cut at 80×24: {:?}\n{screen}",
+                    cut_numbers(screen)
+                );
+                frames += done(screen) as u32;
+                (frames >= 6).then_some(())
+            },
+            || rig.context(),
+        );
+    };
+    check("the overview with rates", &|s| {
+        s.contains("● connected") && s.contains("orders_lock") && s.contains("/s")
+    });
+    tmux.send_keys(&["Enter"]);
+    check("an instance's operations", &|s| s.contains("operations of "));
+    tmux.send_keys(&["Escape", "BTab", "Enter"]);
+    check("the process view", &|s| s.contains("rings ("));
+    tmux.send_keys(&["q"]);
+    assert_eq!(rig.wait_exit(), 0);
+}
+
+#[test]
+fn sighup_restores_the_terminal() {
+    let Some(rig) = Rig::start("top_sighup", "") else {
+        return;
+    };
+    rig.wait_live_rates();
+    let top = rig.top_pid();
+    // SAFETY: kill(2) on a pid we just read as our pane's child; no memory.
+    assert_eq!(unsafe { libc::kill(top, libc::SIGHUP) }, 0);
+    assert_eq!(rig.wait_exit(), 0);
+}
+
+/// Whether `pid` has exited (gone, or a zombie nobody reaped yet).
+fn exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn a_terminal_that_goes_away_ends_top() {
+    let Some(rig) = Rig::start("top_hangup", "") else {
+        return;
+    };
+    rig.wait_live_rates();
+    let top = rig.top_pid();
+    // The window closes under it: the pty hangs up (SIGHUP, then EOF/EIO
+    // on every read).
+    rig.tmux.kill_window();
+    let started = std::time::Instant::now();
+    let bound = std::time::Duration::from_secs(5);
+    while !exited(top) {
+        assert!(
+            started.elapsed() < bound,
+            "top (pid {top}) still runs {bound:?} after its terminal went away"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

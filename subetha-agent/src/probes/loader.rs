@@ -105,7 +105,7 @@ impl Probes {
 
     /// [`load`](Self::load), choosing the scheduler programs.
     pub fn load_with(sched: SchedPrograms) -> Result<Probes, ProbesError> {
-        raise_memlock();
+        let memlock = raise_memlock();
         // The BTF tracepoints read task_struct fields at these offsets; an
         // unset offset makes the verifier refuse them, and the classic
         // tracepoints stand in.
@@ -126,7 +126,7 @@ impl Probes {
         }
         let mut ebpf = loader
             .load(object())
-            .map_err(|e| ProbesError::Load(error_text(&e)))?;
+            .map_err(|e| ProbesError::Load(load_advice(error_text(&e), memlock.as_ref())))?;
         let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
             Ok(logger) => Some(logger),
             Err(error) => {
@@ -745,22 +745,46 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -
         .map_err(|e| error_text(&e))
 }
 
-/// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it.
-/// Where that is not allowed (EPERM here; memcg accounting makes it
-/// unnecessary since 5.11) this only warns.
-fn raise_memlock() {
+/// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it;
+/// the refusal, if it was refused. Where that is not allowed (EPERM here;
+/// memcg accounting makes it unnecessary since 5.11) nothing is said unless
+/// a load then fails in a way the limit can explain ([`load_advice`]).
+fn raise_memlock() -> Option<std::io::Error> {
     let limit = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: setrlimit only reads the struct, which lives for the call.
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
-    if rc != 0 {
-        tracing::warn!(
-            error = %std::io::Error::last_os_error(),
-            "could not raise RLIMIT_MEMLOCK; continuing (kernels since 5.11 account eBPF memory to the cgroup)"
-        );
+    if rc == 0 {
+        return None;
     }
+    let error = std::io::Error::last_os_error();
+    tracing::debug!(%error, "could not raise RLIMIT_MEMLOCK (harmless where the cgroup accounts eBPF memory)");
+    Some(error)
+}
+
+/// A load failure's text with what to do about it: the privileges a
+/// permission error asks for, and the memlock limit when it was not raised
+/// and the failure is one it can cause (EPERM, ENOMEM).
+pub fn load_advice(mut text: String, memlock: Option<&std::io::Error>) -> String {
+    let denied = ["EPERM", "EACCES", "Operation not permitted", "Permission denied"]
+        .iter()
+        .any(|needle| text.contains(needle));
+    let no_memory = ["ENOMEM", "Cannot allocate memory"]
+        .iter()
+        .any(|needle| text.contains(needle));
+    if denied {
+        text.push_str(" (needs root, or CAP_BPF + CAP_PERFMON, and CAP_SYS_ADMIN for the uprobes)");
+    }
+    if let Some(error) = memlock
+        && (denied || no_memory)
+    {
+        text.push_str(&format!(
+            "; RLIMIT_MEMLOCK could not be raised ({error}), which limits eBPF memory on kernels before 5.11"
+        ));
+    }
+    text
 }
 
 /// The process (tgid) of thread `tid`, from `/proc/<tid>/status`.
@@ -820,4 +844,26 @@ impl log::Log for TracingLog {
     }
 
     fn flush(&self) {}
+}
+
+#[cfg(test)]
+mod advice_tests {
+    use super::load_advice;
+
+    #[test]
+    fn memlock_is_named_only_when_it_can_explain_the_failure() {
+        let refused = std::io::Error::from_raw_os_error(libc::EPERM);
+        let verifier = load_advice(
+            "the BPF_PROG_LOAD syscall failed: invalid argument".into(),
+            Some(&refused),
+        );
+        assert!(!verifier.contains("RLIMIT_MEMLOCK"), "{verifier}");
+        let enomem = load_advice("map events: Cannot allocate memory".into(), Some(&refused));
+        assert!(enomem.contains("RLIMIT_MEMLOCK"), "{enomem}");
+        let eperm = load_advice("creating map events: Operation not permitted".into(), None);
+        assert!(
+            eperm.contains("CAP_BPF + CAP_PERFMON") && !eperm.contains("RLIMIT_MEMLOCK"),
+            "{eperm}"
+        );
+    }
 }

@@ -15,6 +15,7 @@ pub mod html;
 pub mod render;
 pub mod timeline;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -94,7 +95,9 @@ pub fn run(args: ReportArgs) -> Result<()> {
         Format::Html => write(&args.out, html::report(&snapshot.agent, &details)?.as_bytes())?,
     }
     let which: Vec<String> = ids.iter().map(|id| format!("#{id}")).collect();
-    println!(
+    // A closed stdout is an error for main to treat quietly, not a panic.
+    writeln!(
+        std::io::stdout(),
         "wrote {} (storm{} {})",
         args.out.display(),
         if ids.len() == 1 { "" } else { "s" },
@@ -103,7 +106,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
         } else {
             which.join(", ")
         }
-    );
+    )?;
     Ok(())
 }
 

@@ -8,7 +8,10 @@
 //! two successive snapshots.
 //!
 //! Promises: the terminal (raw mode, alternate screen, cursor) is restored
-//! on quit, on error, on panic and on SIGINT/SIGTERM/SIGHUP; an agent that
+//! on quit, on error, on panic and on SIGINT/SIGTERM/SIGHUP; a terminal that
+//! goes away (hang-up, end of input) ends `top` within a frame, restoring
+//! what still can be; a UI that does not wind down within [`STUCK_GRACE`]
+//! of a termination signal is ended by the signal thread; an agent that
 //! stops answering is reported on screen and retried, never a crash; stdout
 //! that is not a terminal is refused with a clear error.
 //!
@@ -16,20 +19,25 @@
 //!   thread of its own.
 //! * [`rates`] — per-second rates from two snapshots.
 //! * [`state`] — the UI state and the keys.
-//! * [`render`] — drawing it.
+//! * [`render`] — drawing it; [`columns`] — fitting tables to the width.
+//! * [`input`] — waiting for keys, noticing a terminal that went away.
 //! * [`terminal`] — taking the terminal and giving it back.
 
+pub mod columns;
+pub mod input;
 pub mod rates;
 pub mod render;
 pub mod source;
 pub mod state;
 pub mod terminal;
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use crossterm::event::{self, Event, KeyEventKind};
 
+use self::input::{Input, TtyInput};
 use self::source::{AttachedSource, Fetcher, HttpSource, SnapshotSource};
 use self::state::{App, Flow};
 use self::terminal::{Signals, TerminalGuard};
@@ -80,6 +88,9 @@ pub enum TopProbes {
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often the screen is redrawn and keys/signals are checked.
 const FRAME: Duration = Duration::from_millis(100);
+/// How long after a termination signal the UI may take to return before
+/// the signal thread restores the terminal and exits the process.
+pub const STUCK_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs the terminal view until the user quits (or a signal arrives).
 pub fn run(args: TopArgs) -> Result<()> {
@@ -91,6 +102,7 @@ pub fn run(args: TopArgs) -> Result<()> {
         bail!("`top` needs a terminal, and stdout is not one (for text output use `subetha-agent status`)");
     }
     let signals = Signals::catch()?;
+    signals.exit_if_stuck(STUCK_GRACE)?;
     let mut log_file = None;
     let source: Box<dyn SnapshotSource> = if args.attach {
         let path = args
@@ -131,7 +143,9 @@ pub fn run(args: TopArgs) -> Result<()> {
     if let Some((path, explicit)) = log_file {
         let logged = std::fs::metadata(&path).map(|m| m.len() > 0).unwrap_or(false);
         if logged || explicit {
-            eprintln!(
+            // Not eprintln!: stderr may be a terminal that hung up.
+            let _ = writeln!(
+                std::io::stderr(),
                 "subetha-agent top: the attached agent's log is in {}",
                 path.display()
             );
@@ -143,6 +157,13 @@ pub fn run(args: TopArgs) -> Result<()> {
 }
 
 fn ui(mut app: App, fetcher: &Fetcher, signals: &Signals) -> Result<()> {
+    let result = ui_loop(&mut app, fetcher, signals);
+    signals.ui_returned();
+    result
+}
+
+fn ui_loop(app: &mut App, fetcher: &Fetcher, signals: &Signals) -> Result<()> {
+    let input = TtyInput::open().context("opening the terminal for reading keys")?;
     let mut screen = TerminalGuard::enter()?;
     let test_panic = std::env::var(TEST_PANIC_ENV).is_ok_and(|v| v == "1");
     loop {
@@ -154,17 +175,28 @@ fn ui(mut app: App, fetcher: &Fetcher, signals: &Signals) -> Result<()> {
         }
         screen
             .terminal()
-            .draw(|frame| render::draw(frame, &app, Instant::now()))
+            .draw(|frame| render::draw(frame, app, Instant::now()))
             .context("drawing the screen")?;
         if test_panic {
             panic!("{TEST_PANIC_ENV}=1: panicking on purpose after the first frame");
         }
-        if event::poll(FRAME).context("reading the keyboard")? {
-            match event::read().context("reading the keyboard")? {
-                Event::Key(key) if key.kind != KeyEventKind::Release && app.handle_key(key) == Flow::Quit => {
-                    return Ok(());
+        match input.wait(FRAME).context("waiting for the keyboard")? {
+            Input::Idle => {}
+            // Nobody will type again, and nobody sees the screen.
+            Input::Gone => return Ok(()),
+            Input::Ready => {
+                // Bytes are waiting, so crossterm's read cannot spin; take
+                // every event they hold.
+                while event::poll(Duration::ZERO).context("reading the keyboard")? {
+                    match event::read().context("reading the keyboard")? {
+                        Event::Key(key)
+                            if key.kind != KeyEventKind::Release && app.handle_key(key) == Flow::Quit =>
+                        {
+                            return Ok(());
+                        }
+                        _ => {}
+                    }
                 }
-                _ => {}
             }
         }
     }

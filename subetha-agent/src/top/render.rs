@@ -11,6 +11,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Block, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 
+use super::columns::{self, Column};
 use super::state::{App, Connection, InstanceRow, Panel, SortKey, View};
 use crate::model::{AgentSnapshot, ProcessReport, StormReport};
 
@@ -244,6 +245,50 @@ fn sort_header(label: &'static str, key: SortKey, sort: SortKey) -> Cell<'static
     }
 }
 
+/// A table whose columns fit `area` (see [`columns`]): `header` and each
+/// row hold one cell per column of `spec`; `labels` are the header texts.
+fn fitted_table(
+    spec: &[Column],
+    header: Vec<Cell<'static>>,
+    labels: Vec<String>,
+    rows: Vec<(Vec<String>, Style)>,
+    area: Rect,
+) -> Table<'static> {
+    let mut cells = vec![labels];
+    cells.extend(rows.iter().map(|(row, _)| row.clone()));
+    let (kept, constraints) = columns::fit(spec, &cells, area.width.saturating_sub(2));
+    let header = Row::new(columns::pick(&header, &kept)).style(HEADER);
+    let body: Vec<Row<'static>> = rows
+        .into_iter()
+        .map(|(row, style)| Row::new(columns::pick(&row, &kept)).style(style))
+        .collect();
+    Table::new(body, constraints).header(header)
+}
+
+/// The header texts of `cells` (the sorted column's with its mark).
+fn labels(names: &[&str], sorted: Option<&str>) -> Vec<String> {
+    names
+        .iter()
+        .map(|name| {
+            if Some(*name) == sorted {
+                format!("{name}▼")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect()
+}
+
+/// The header label of the column `sort` orders by.
+fn sorted_label(sort: SortKey) -> &'static str {
+    match sort {
+        SortKey::Ops => "ops/s",
+        SortKey::Contention => "cont%",
+        SortKey::Wait => "p99 wait",
+        SortKey::Drops => "drops/s",
+    }
+}
+
 fn draw_overview(frame: &mut Frame<'_>, area: Rect, app: &App, snapshot: &AgentSnapshot) {
     let rows = app.instance_rows(None);
     // Processes: up to 6 rows; instances: as many as they need, leaving the
@@ -278,7 +323,23 @@ fn draw_overview(frame: &mut Frame<'_>, area: Rect, app: &App, snapshot: &AgentS
 fn draw_process_table(frame: &mut Frame<'_>, area: Rect, app: &App) {
     let rows = app.process_rows();
     let sort = app.sort;
-    let header = Row::new(vec![
+    let names = [
+        "pid",
+        "command",
+        "state",
+        "inst",
+        "rings",
+        "ops/s",
+        "ops",
+        "cont%",
+        "p99 wait",
+        "drained/s",
+        "drops/s",
+        "dropped",
+        "lost",
+        "storms",
+    ];
+    let header = vec![
         Cell::from("pid"),
         Cell::from("command"),
         Cell::from("state"),
@@ -293,55 +354,59 @@ fn draw_process_table(frame: &mut Frame<'_>, area: Rect, app: &App) {
         Cell::from("dropped"),
         Cell::from("lost"),
         Cell::from("storms"),
-    ])
-    .style(HEADER);
-    let body = rows.iter().map(|row| {
-        let p = row.process;
-        let state = match &p.note {
-            Some(note) => format!("{} ({})", p.state, truncate(note, 30)),
-            None => p.state.clone(),
-        };
-        let mut r = Row::new(vec![
-            p.pid.to_string(),
-            truncate(&p.comm, 16),
-            state,
-            p.instances.len().to_string(),
-            p.rings.iter().filter(|r| r.state != "free").count().to_string(),
-            rate(row.ops_rate),
-            count(row.ops_total),
-            percent(row.contention),
-            nanos(row.p99_ns),
-            rate(row.drained_rate),
-            rate(row.drops_rate),
-            count(p.dropped),
-            count(p.lost_no_ring),
-            p.storms.to_string(),
-        ]);
-        if p.state == "exited" {
-            r = r.style(DIM);
-        }
-        r
-    });
-    let table = Table::new(
+    ];
+    let body = rows
+        .iter()
+        .map(|row| {
+            let p = row.process;
+            let state = match &p.note {
+                Some(note) => format!("{} ({})", p.state, truncate(note, 30)),
+                None => p.state.clone(),
+            };
+            let cells = vec![
+                p.pid.to_string(),
+                truncate(&p.comm, 16),
+                state,
+                p.instances.len().to_string(),
+                p.rings.iter().filter(|r| r.state != "free").count().to_string(),
+                rate(row.ops_rate),
+                count(row.ops_total),
+                percent(row.contention),
+                nanos(row.p99_ns),
+                rate(row.drained_rate),
+                rate(row.drops_rate),
+                count(p.dropped),
+                count(p.lost_no_ring),
+                p.storms.to_string(),
+            ];
+            let style = if p.state == "exited" { DIM } else { Style::new() };
+            (cells, style)
+        })
+        .collect();
+    // Narrow screens lose the totals and counts first, never the rates.
+    let spec = [
+        Column::keep(3),
+        Column::text(7),
+        Column::text(8),
+        Column::optional(4, 7),
+        Column::optional(5, 8),
+        Column::keep(5),
+        Column::optional(3, 5),
+        Column::keep(5),
+        Column::keep(5),
+        Column::optional(9, 6),
+        Column::keep(7),
+        Column::optional(7, 4),
+        Column::optional(4, 9),
+        Column::optional(6, 3),
+    ];
+    let table = fitted_table(
+        &spec,
+        header,
+        labels(&names, Some(sorted_label(sort))),
         body,
-        [
-            Constraint::Length(8),
-            Constraint::Length(16),
-            Constraint::Min(10),
-            Constraint::Length(5),
-            Constraint::Length(5),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(7),
-            Constraint::Length(9),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(7),
-            Constraint::Length(6),
-        ],
+        area,
     )
-    .header(header)
     .row_highlight_style(SELECTED)
     .block(panel(
         format!("processes ({})", rows.len()),
@@ -365,7 +430,22 @@ fn draw_instance_table(
     focused: bool,
 ) {
     let sort = app.sort;
-    let header = Row::new(vec![
+    let names = [
+        "process",
+        "instance",
+        "kind",
+        "ops/s",
+        "ops",
+        "cont%",
+        "contended",
+        "misses",
+        "p50 wait",
+        "p99 wait",
+        "drops/s",
+        "drops",
+        "threads",
+    ];
+    let header = vec![
         Cell::from("process"),
         Cell::from("instance"),
         Cell::from("kind"),
@@ -379,51 +459,56 @@ fn draw_instance_table(
         sort_header("drops/s", SortKey::Drops, sort),
         Cell::from("drops"),
         Cell::from("threads"),
-    ])
-    .style(HEADER);
-    let body = rows.iter().map(|row| {
-        let i = row.instance;
-        let name = if i.retired {
-            format!("{} (retired)", i.name)
-        } else {
-            i.name.clone()
-        };
-        let r = Row::new(vec![
-            truncate(&format!("{} {}", row.process.pid, row.process.comm), 22),
-            truncate(&name, 28),
-            truncate(&i.kind, 10),
-            rate(row.ops_rate),
-            count(i.ops),
-            percent(row.contention),
-            count(i.contended),
-            count(i.misses),
-            nanos(i.latency_ns.p50),
-            nanos(i.latency_ns.p99),
-            rate(row.drops_rate),
-            count(i.drops_attributed),
-            i.threads.to_string(),
-        ]);
-        if i.retired { r.style(DIM) } else { r }
-    });
-    let table = Table::new(
+    ];
+    let body = rows
+        .iter()
+        .map(|row| {
+            let i = row.instance;
+            let name = if i.retired {
+                format!("{} (retired)", i.name)
+            } else {
+                i.name.clone()
+            };
+            let cells = vec![
+                truncate(&format!("{} {}", row.process.pid, row.process.comm), 22),
+                truncate(&name, 28),
+                truncate(&i.kind, 10),
+                rate(row.ops_rate),
+                count(i.ops),
+                percent(row.contention),
+                count(i.contended),
+                count(i.misses),
+                nanos(i.latency_ns.p50),
+                nanos(i.latency_ns.p99),
+                rate(row.drops_rate),
+                count(i.drops_attributed),
+                i.threads.to_string(),
+            ];
+            (cells, if i.retired { DIM } else { Style::new() })
+        })
+        .collect();
+    let spec = [
+        Column::text(10),
+        Column::text(11),
+        Column::optional(4, 4),
+        Column::keep(5),
+        Column::optional(3, 6),
+        Column::keep(5),
+        Column::optional(9, 7),
+        Column::optional(6, 8),
+        Column::optional(8, 5),
+        Column::keep(8),
+        Column::keep(7),
+        Column::optional(5, 3),
+        Column::optional(7, 9),
+    ];
+    let table = fitted_table(
+        &spec,
+        header,
+        labels(&names, Some(sorted_label(sort))),
         body,
-        [
-            Constraint::Length(22),
-            Constraint::Min(16),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(7),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(7),
-        ],
+        area,
     )
-    .header(header)
     .row_highlight_style(SELECTED)
     .block(panel(title, focused));
     let mut state = TableState::default().with_selected(if focused { selected } else { None });
@@ -623,7 +708,7 @@ fn draw_process(
         )),
         info,
     );
-    let header = Row::new([
+    let names = [
         "slot",
         "state",
         "tid",
@@ -635,52 +720,54 @@ fn draw_process(
         "dropped",
         "episodes",
         "note",
-    ])
-    .style(HEADER);
-    let ring_rows = process.rings.iter().map(|ring| {
-        let r = app
-            .rates
-            .as_ref()
-            .and_then(|rates| rates.ring(key, ring.slot, ring.generation));
-        let row = Row::new(vec![
-            ring.slot.to_string(),
-            ring.state.clone(),
-            ring.tid.to_string(),
-            truncate(&ring.thread_name, 16),
-            ring.generation.to_string(),
-            rate(r.map(|r| r.drained)),
-            count(ring.drained),
-            rate(r.map(|r| r.dropped)),
-            count(ring.dropped),
-            ring.episodes.to_string(),
-            ring.corrupt.clone().unwrap_or_default(),
-        ]);
-        if ring.corrupt.is_some() {
-            row.style(BAD)
-        } else if ring.state == "free" {
-            row.style(DIM)
-        } else {
-            row
-        }
-    });
-    let table = Table::new(
-        ring_rows,
-        [
-            Constraint::Length(5),
-            Constraint::Length(9),
-            Constraint::Length(8),
-            Constraint::Length(16),
-            Constraint::Length(5),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Min(10),
-        ],
-    )
-    .header(header)
-    .block(panel(format!("rings ({})", process.rings.len()), false));
+    ];
+    let header = names.iter().map(|n| Cell::from(*n)).collect();
+    let ring_rows = process
+        .rings
+        .iter()
+        .map(|ring| {
+            let r = app
+                .rates
+                .as_ref()
+                .and_then(|rates| rates.ring(key, ring.slot, ring.generation));
+            let cells = vec![
+                ring.slot.to_string(),
+                ring.state.clone(),
+                ring.tid.to_string(),
+                truncate(&ring.thread_name, 16),
+                ring.generation.to_string(),
+                rate(r.map(|r| r.drained)),
+                count(ring.drained),
+                rate(r.map(|r| r.dropped)),
+                count(ring.dropped),
+                ring.episodes.to_string(),
+                ring.corrupt.clone().unwrap_or_default(),
+            ];
+            let style = if ring.corrupt.is_some() {
+                BAD
+            } else if ring.state == "free" {
+                DIM
+            } else {
+                Style::new()
+            };
+            (cells, style)
+        })
+        .collect();
+    let spec = [
+        Column::keep(4),
+        Column::optional(5, 6),
+        Column::keep(3),
+        Column::text(8),
+        Column::optional(3, 7),
+        Column::keep(9),
+        Column::optional(7, 4),
+        Column::keep(9),
+        Column::optional(7, 3),
+        Column::optional(8, 5),
+        Column::optional_text(4, 2),
+    ];
+    let table = fitted_table(&spec, header, labels(&names, None), ring_rows, rings)
+        .block(panel(format!("rings ({})", process.rings.len()), false));
     frame.render_widget(table, rings);
     let rows = app.instance_rows(Some(key));
     let selected = app.instance_index(&rows);
@@ -763,7 +850,7 @@ fn draw_instance(
         Paragraph::new(lines).block(panel(format!("instance {}", instance.name), false)),
         info,
     );
-    let header = Row::new([
+    let names = [
         "op",
         "ops/s",
         "ops",
@@ -777,46 +864,47 @@ fn draw_instance(
         "p99",
         "max",
         "threads",
-    ])
-    .style(HEADER);
-    let rows = instance.per_op.iter().map(|op| {
-        let r = app.rates.as_ref().and_then(|rates| rates.op(key, op.op));
-        Row::new(vec![
-            op.name.clone(),
-            rate(r.map(|r| r.ops)),
-            count(op.ops),
-            rate(r.map(|r| r.contended)),
-            count(op.contended),
-            percent(r.and_then(|r| r.contention)),
-            rate(r.map(|r| r.misses)),
-            count(op.misses),
-            nanos(op.latency_ns.p50),
-            nanos(op.latency_ns.p90),
-            nanos(op.latency_ns.p99),
-            nanos(op.latency_ns.max),
-            op.threads.to_string(),
-        ])
-    });
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Length(12),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(12),
-            Constraint::Length(10),
-            Constraint::Length(7),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(10),
-            Constraint::Length(8),
-        ],
-    )
-    .header(header)
-    .block(panel(
+    ];
+    let header = names.iter().map(|n| Cell::from(*n)).collect();
+    let rows = instance
+        .per_op
+        .iter()
+        .map(|op| {
+            let r = app.rates.as_ref().and_then(|rates| rates.op(key, op.op));
+            let cells = vec![
+                op.name.clone(),
+                rate(r.map(|r| r.ops)),
+                count(op.ops),
+                rate(r.map(|r| r.contended)),
+                count(op.contended),
+                percent(r.and_then(|r| r.contention)),
+                rate(r.map(|r| r.misses)),
+                count(op.misses),
+                nanos(op.latency_ns.p50),
+                nanos(op.latency_ns.p90),
+                nanos(op.latency_ns.p99),
+                nanos(op.latency_ns.max),
+                op.threads.to_string(),
+            ];
+            (cells, Style::new())
+        })
+        .collect();
+    let spec = [
+        Column::text(6),
+        Column::keep(5),
+        Column::optional(3, 4),
+        Column::optional(11, 6),
+        Column::optional(9, 3),
+        Column::keep(5),
+        Column::optional(8, 7),
+        Column::optional(6, 5),
+        Column::keep(3),
+        Column::optional(3, 8),
+        Column::keep(3),
+        Column::optional(3, 2),
+        Column::optional(7, 9),
+    ];
+    let table = fitted_table(&spec, header, labels(&names, None), rows, ops).block(panel(
         format!("operations of {} (Esc: back)", instance.name),
         true,
     ));

@@ -133,31 +133,75 @@ pub fn redirect_stderr(path: &Path) -> Result<()> {
 /// Termination signals, noted in a flag the UI loop polls.
 pub struct Signals {
     caught: Arc<AtomicBool>,
+    /// Set when the UI loop has returned (see [`Signals::exit_if_stuck`]).
+    ui_returned: Arc<AtomicBool>,
     ids: Vec<signal_hook::SigId>,
 }
+
+/// The signals [`Signals`] catches.
+const TERMINATION: [libc::c_int; 4] = [
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGQUIT,
+];
 
 impl Signals {
     /// Catches SIGINT, SIGTERM, SIGHUP and SIGQUIT from now on.
     pub fn catch() -> Result<Self> {
         let caught = Arc::new(AtomicBool::new(false));
         let mut ids = Vec::new();
-        for signal in [
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-            signal_hook::consts::SIGQUIT,
-        ] {
+        for signal in TERMINATION {
             ids.push(
                 signal_hook::flag::register(signal, Arc::clone(&caught))
                     .with_context(|| format!("installing a handler for signal {signal}"))?,
             );
         }
-        Ok(Self { caught, ids })
+        Ok(Self {
+            caught,
+            ui_returned: Arc::new(AtomicBool::new(false)),
+            ids,
+        })
     }
 
     /// Whether one arrived.
     pub fn caught(&self) -> bool {
         self.caught.load(Ordering::Acquire)
+    }
+
+    /// Notes that the UI loop returned: from now on a signal is handled by
+    /// the normal way out, and [`exit_if_stuck`](Self::exit_if_stuck)
+    /// stands down.
+    pub fn ui_returned(&self) {
+        self.ui_returned.store(true, Ordering::Release);
+    }
+
+    /// Starts a thread that waits for a termination signal and, if the UI
+    /// loop has not returned `grace` later (it is stuck somewhere it cannot
+    /// see the flag), restores the terminal and exits with status 1. A
+    /// last resort: the UI loop normally sees the flag within a frame.
+    pub fn exit_if_stuck(&self, grace: std::time::Duration) -> Result<()> {
+        let mut waiting =
+            signal_hook::iterator::Signals::new(TERMINATION).context("watching for termination signals")?;
+        let returned = Arc::clone(&self.ui_returned);
+        std::thread::Builder::new()
+            .name("top-signals".into())
+            .spawn(move || {
+                if waiting.forever().next().is_none() {
+                    return;
+                }
+                std::thread::sleep(grace);
+                if !returned.load(Ordering::Acquire) {
+                    restore();
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "subetha-agent top: the screen did not stop within {grace:?} of a signal; exiting"
+                    );
+                    std::process::exit(1);
+                }
+            })
+            .context("starting the signal thread")?;
+        Ok(())
     }
 }
 
