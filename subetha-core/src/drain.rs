@@ -693,6 +693,24 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             return;
         }
         if record.generation != generation || record.thread_id == 0 {
+            if record.thread_id != 0 {
+                // A thread adopted the slot of one we were following (see
+                // the registry): the drops its exited thread made after our
+                // last look are that thread's, counted before moving on.
+                let at_claim = slot.dropped_at_claim.load(Ordering::Relaxed);
+                let unseen = at_claim.saturating_sub(record.dropped_seen);
+                self.totals.dropped += unseen;
+                report.dropped += unseen;
+                if let Some(seq) = record.open_episode
+                    && let Some(episode) = self.episodes.iter_mut().rev().find(|e| e.seq == seq)
+                {
+                    episode.dropped = at_claim.saturating_sub(episode.begin_dropped);
+                    if episode.end_mono_ns.is_none() {
+                        episode.end_mono_ns = Some(now);
+                        episode.end_estimated = true;
+                    }
+                }
+            }
             // The slot's counters are cumulative over occupants. Charge the
             // new occupant only what happened after its claim, even if this
             // consumer never saw the earlier occupants (it attached later).
@@ -764,8 +782,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         record.synced = true;
         let finished = state == slot_state::ORPHANED && slot.ring.is_empty();
         self.account_drops(index, now, report);
-        if finished {
-            self.free_slot(index);
+        if finished && self.free_slot(index) {
             report.freed_slots += 1;
         }
     }
@@ -855,8 +872,25 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         }
     }
 
-    fn free_slot(&mut self, index: u32) {
+    fn free_slot(&mut self, index: u32) -> bool {
         let slot = self.view.as_ref().ring_slot(index).expect("scanned slot exists");
+        // A thread that found no free slot may adopt an orphaned one (see
+        // the registry) at any time: take the slot with a compare-exchange
+        // (CLAIMED keeps claimers away while we reset it), and leave it to
+        // its new occupant if one came first. Acquire: pairs with the
+        // orphaning thread's Release, as the state load of the scan did.
+        if slot
+            .state
+            .compare_exchange(
+                slot_state::ORPHANED,
+                slot_state::CLAIMED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
         slot.os_tid.store(0, Ordering::Relaxed);
         slot.thread_id.store(0, Ordering::Relaxed);
         slot.thread_name_len.store(0, Ordering::Relaxed);
@@ -868,6 +902,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         record.state = slot_state::FREE;
         record.open_episode = None;
         self.totals.freed_slots += 1;
+        true
     }
 
     /// Live instances and their statistics.
