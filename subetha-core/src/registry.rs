@@ -516,27 +516,65 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
     let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
     // Slots already touched first (a freed one, then one whose thread exited:
     // both cost no new memory), untouched ones last.
-    let passes = [
-        (0..high_water, slot_state::FREE),
-        (0..high_water, slot_state::ORPHANED),
-        (high_water..capacity, slot_state::FREE),
-    ];
-    for (range, wanted) in passes {
-        for index in range {
-            let slot = view.ring_slot(index).expect("index < capacity");
-            if slot.state.load(Ordering::Relaxed) != wanted
-                || slot
-                    .state
-                    .compare_exchange(wanted, slot_state::CLAIMED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_err()
-            {
-                continue;
-            }
-            return Ok(install(view, slot, index));
-        }
+    if let Some(producer) = claim_first(view, 0..high_water, slot_state::FREE) {
+        return Ok(producer);
+    }
+    if let Some(producer) = adopt_emptiest(view, high_water) {
+        return Ok(producer);
+    }
+    if let Some(producer) = claim_first(view, high_water..capacity, slot_state::FREE) {
+        return Ok(producer);
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
     Err(RegistryError::RingTableFull { capacity })
+}
+
+/// Claims the first slot in `range` found in state `wanted`.
+fn claim_first(view: &'static SegmentView, range: std::ops::Range<u32>, wanted: u32) -> Option<Producer> {
+    for index in range {
+        let slot = view.ring_slot(index).expect("index < capacity");
+        if slot.state.load(Ordering::Relaxed) == wanted && try_claim(slot, wanted) {
+            return Some(install(view, slot, index));
+        }
+    }
+    None
+}
+
+/// Adopts the orphaned slot below `high_water` whose ring holds the fewest
+/// leftovers (so a thread does not start on a nearly full ring), if any.
+fn adopt_emptiest(view: &'static SegmentView, high_water: u32) -> Option<Producer> {
+    // Another thread may adopt the chosen slot first: look again, a bounded
+    // number of times (each miss means another thread got a ring).
+    for _ in 0..4 {
+        let mut best: Option<(usize, u32)> = None;
+        for index in 0..high_water {
+            let slot = view.ring_slot(index).expect("index < high water <= capacity");
+            if slot.state.load(Ordering::Relaxed) != slot_state::ORPHANED {
+                continue;
+            }
+            let queued = slot.ring.len();
+            if best.is_none_or(|(fewest, _)| queued < fewest) {
+                best = Some((queued, index));
+                if queued == 0 {
+                    break;
+                }
+            }
+        }
+        let (_, index) = best?;
+        let slot = view.ring_slot(index).expect("index < capacity");
+        if try_claim(slot, slot_state::ORPHANED) {
+            return Some(install(view, slot, index));
+        }
+    }
+    None
+}
+
+/// Moves `slot` from `from` to CLAIMED. Acquire: sees what the slot's last
+/// owner (a freeing consumer, an exited thread) published with Release.
+fn try_claim(slot: &RingSlot, from: u32) -> bool {
+    slot.state
+        .compare_exchange(from, slot_state::CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
 }
 
 /// Sets up `slot` (just claimed: `CLAIMED`) for the calling thread and

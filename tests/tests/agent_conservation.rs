@@ -259,6 +259,47 @@ fn thousands_of_short_lived_threads_reuse_slots_and_balance() {
     agent.stop();
 }
 
+/// Eight short-lived observing threads at a time for ten seconds, at the
+/// agent's default scan intervals: thousands of threads come and go between
+/// two scans, and each finds a ring (an exited thread's slot, adopted when
+/// none is free).
+#[test]
+fn churn_of_eight_for_ten_seconds_loses_nothing_for_want_of_a_ring() {
+    let mut workload = Workload::spawn(
+        WORKLOAD,
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--rate",
+            "5000",
+            "--churn",
+            "8",
+            "--churn-ops",
+            "50",
+        ],
+        &[],
+    );
+    let pid = workload.pid();
+    let agent = in_process_agent(&[pid], |_| {});
+    wait_attached(&agent, pid);
+    workload.cmd("go");
+    std::thread::sleep(Duration::from_secs(10));
+    let truth = workload.stop();
+    let report = wait_agent(&agent, "the agent to see the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").cloned()
+    });
+    assert!(truth.threads > 1000, "the churn ran: {truth:?}");
+    assert_eq!(truth.lost, 0, "no observation lost for want of a ring: {truth:?}");
+    assert_conserved(&report, &truth, "churn of eight");
+    assert!(
+        report.rings.len() <= 64,
+        "{} slots for at most 10 live threads",
+        report.rings.len()
+    );
+    agent.stop();
+}
+
 #[test]
 fn slots_freed_before_the_agent_attached_still_count() {
     let mut workload = Workload::spawn(
