@@ -298,9 +298,11 @@ pub struct StormReport {
     pub pid: u32,
     /// Its command name.
     pub comm: String,
-    /// Ring slot.
+    /// Ring slot (for a `no_ring` storm, which has none: the table's
+    /// capacity).
     pub slot: u32,
-    /// Producer OS thread id.
+    /// Producer OS thread id (for a `no_ring` storm: the latest thread that
+    /// found no slot, 0 if unknown).
     pub tid: u32,
     /// Producer thread name.
     pub thread_name: String,
@@ -388,9 +390,11 @@ pub struct StormTimeline {
 /// The drops of one ring over a storm's window.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RingDrops {
-    /// Ring slot.
+    /// Ring slot (for a `no_ring` storm, which has none: the table's
+    /// capacity).
     pub slot: u32,
-    /// Producer OS thread id.
+    /// Producer OS thread id (for a `no_ring` storm: the latest thread that
+    /// found no slot, 0 if unknown).
     pub tid: u32,
     /// Its thread name.
     pub thread_name: String,

@@ -526,6 +526,10 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
         return Ok(producer);
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
+    // Once per failed look at the table (not per lost observation).
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    view.live().lost_no_ring_tid.store(tid, Ordering::Relaxed);
     Err(RegistryError::RingTableFull { capacity })
 }
 

@@ -131,7 +131,10 @@ pub struct SegmentLive {
     /// it, or its thread exited and it may be adopted), so threads that
     /// found the table full know when to look again.
     pub ring_free_epoch: AtomicU32,
-    _pad0: [u8; 44],
+    /// OS thread id of the latest thread that found no ring slot (0: none
+    /// yet): a consumer names it in its `no_ring` storm.
+    pub lost_no_ring_tid: AtomicU32,
+    _pad0: [u8; 40],
     /// The consumer lease: `pid << 32 | token` of the consumer draining the
     /// segment, 0 when nobody does. See [`ConsumerLease`](crate::lease).
     pub consumer: AtomicU64,

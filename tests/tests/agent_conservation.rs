@@ -300,6 +300,41 @@ fn churn_of_eight_for_ten_seconds_loses_nothing_for_want_of_a_ring() {
     agent.stop();
 }
 
+/// More live observing threads than ring slots (`SUBETHA_RING_SLOTS=2`,
+/// four workers): the losses are a `no_ring` storm naming a thread, whose
+/// count is every observation lost for want of a ring.
+#[test]
+fn too_few_slots_for_the_live_threads_is_a_no_ring_storm() {
+    let mut workload = Workload::spawn(
+        WORKLOAD,
+        &["run", "--threads", "4", "--rate", "2000"],
+        &[("SUBETHA_RING_SLOTS", "2")],
+    );
+    let pid = workload.pid();
+    let agent = in_process_agent(&[pid], |_| {});
+    wait_attached(&agent, pid);
+    workload.cmd("go");
+    std::thread::sleep(Duration::from_millis(500));
+    let truth = workload.stop();
+    assert!(truth.lost > 0, "two slots for four live threads: {truth:?}");
+    let snapshot = wait_agent(&agent, "the agent to see the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").map(|_| s.clone())
+    });
+    assert_conserved(process(&snapshot, pid).unwrap(), &truth, "no ring");
+    let no_ring: Vec<_> = storms_of(&snapshot, pid)
+        .into_iter()
+        .filter(|s| s.cause.as_ref().is_some_and(|c| c.kind == "no_ring"))
+        .collect();
+    assert!(!no_ring.is_empty(), "no no_ring storm: {:#?}", snapshot.storms);
+    assert_eq!(no_ring.iter().map(|s| s.dropped).sum::<u64>(), truth.lost);
+    let storm = no_ring[0];
+    assert_ne!(storm.tid, 0, "names the thread: {storm:#?}");
+    assert_eq!(storm.slot, 2, "no slot: the table's capacity");
+    let summary = &storm.cause.as_ref().unwrap().summary;
+    assert!(summary.contains("SUBETHA_RING_SLOTS"), "{summary}");
+    agent.stop();
+}
+
 #[test]
 fn slots_freed_before_the_agent_attached_still_count() {
     let mut workload = Workload::spawn(
