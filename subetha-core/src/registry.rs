@@ -513,16 +513,15 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
     if FAILED_CLAIM_EPOCH.get() == Some(free_epoch) {
         return Err(RegistryError::RingTableFull { capacity });
     }
+    // A free slot first (touched ones before untouched), and only when there
+    // is none an exited thread's: an adopter starts on its leftovers, and on
+    // a full ring it would drop its own first observations.
+    if let Some(producer) = claim_first(view, 0..capacity, slot_state::FREE) {
+        return Ok(producer);
+    }
+    // Read after the free pass: a slot claimed meanwhile may be orphaned now.
     let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
-    // Slots already touched first (a freed one, then one whose thread exited:
-    // both cost no new memory), untouched ones last.
-    if let Some(producer) = claim_first(view, 0..high_water, slot_state::FREE) {
-        return Ok(producer);
-    }
     if let Some(producer) = adopt_emptiest(view, high_water) {
-        return Ok(producer);
-    }
-    if let Some(producer) = claim_first(view, high_water..capacity, slot_state::FREE) {
         return Ok(producer);
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
@@ -549,7 +548,7 @@ fn claim_first(view: &'static SegmentView, range: std::ops::Range<u32>, wanted: 
 fn adopt_emptiest(view: &'static SegmentView, high_water: u32) -> Option<Producer> {
     // Another thread may adopt the chosen slot first: look again, a bounded
     // number of times (each miss means another thread got a ring).
-    for _ in 0..4 {
+    for _ in 0..16 {
         let mut best: Option<(usize, u32)> = None;
         for index in 0..high_water {
             let slot = view.ring_slot(index).expect("index < high water <= capacity");
