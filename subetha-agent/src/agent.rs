@@ -164,6 +164,9 @@ const OWN_WORK_MIN_NS: u64 = 50_000;
 /// A storm's cause is (re)computed until this long after it ended, as late
 /// kernel events and scheduler samples arrive.
 const CAUSE_SETTLE_NS: u64 = 2_000_000_000;
+/// A `no_ring` storm ends once the process's lost count has not grown for
+/// this long.
+const NO_RING_QUIET: u64 = 1_000_000_000;
 /// Exited processes whose final reports are kept (within `retention`).
 const EXITED_HISTORY: usize = 4096;
 /// How long a segment may stay unpublished (magic 0) before it is refused.
@@ -202,6 +205,10 @@ struct Tracked {
     last_episode_seq: u64,
     open_storms: HashMap<u64, u64>,
     storms_begun: u64,
+    /// The segment's `lost_no_ring` as last read, the open `no_ring` storm
+    /// (its id) and when its count last grew (`clock::monotonic_ns()`).
+    lost_no_ring_seen: u64,
+    no_ring_storm: Option<(u64, u64)>,
     /// The adaptive-mutex policy for this process (None: turned off).
     policy: Option<AdaptivePolicy>,
     /// `clock::monotonic_ns()` from which the next policy round is due.
@@ -616,6 +623,8 @@ impl State {
             last_episode_seq: 0,
             open_storms: HashMap::new(),
             storms_begun: 0,
+            lost_no_ring_seen: 0,
+            no_ring_storm: None,
             policy: self.config.adaptive_policy.then(AdaptivePolicy::default),
             next_policy_ns: 0,
             resident_bytes: AtomicU64::new(0),
@@ -698,6 +707,7 @@ impl State {
         self.trace_drops(ended);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
+            self.update_no_ring(index, ended);
         }
         self.retire_exited();
         self.pacer.after_scan(&load);
@@ -954,6 +964,19 @@ impl State {
             let settled = storm
                 .end_mono_ns
                 .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
+            if let Some(verdict) = storm.cause.as_ref().filter(|c| c.kind == cause::NO_RING) {
+                // Its cause is known from the counter; nothing to diagnose.
+                if settled {
+                    storm.cause_settled = true;
+                    *self
+                        .cause_counts
+                        .entry(storm.pid)
+                        .or_default()
+                        .entry(verdict.kind.clone())
+                        .or_default() += 1;
+                }
+                continue;
+            }
             // Copying the whole history instead cost milliseconds per
             // publish in a debug build, long enough to stall the scanner it
             // was diagnosing.
@@ -1108,6 +1131,112 @@ impl State {
             }
             self.storms.push_back(storm);
         }
+    }
+
+    /// Observations lost because their thread found no ring slot are a
+    /// storm of their own (cause `no_ring`): one per run of losses, open
+    /// while the count grows and ended [`NO_RING_QUIET`] after it stopped,
+    /// naming the latest thread that found the table full.
+    fn update_no_ring(&mut self, index: usize, now: u64) {
+        let tracked = &mut self.tracked[index];
+        let live = tracked.drainer.view().live();
+        let lost = live.lost_no_ring.load(Ordering::Relaxed);
+        let ns_tid = live.lost_no_ring_tid.load(Ordering::Relaxed);
+        // The app wrote its own tid; in a container, ours differs.
+        let tid = match tracked.tids.as_mut() {
+            Some(tids) if ns_tid != 0 => tids.host_tid(ns_tid).unwrap_or(0),
+            _ => ns_tid,
+        };
+        let capacity = tracked.drainer.view().layout().ring_slot_capacity;
+        let grown = lost.saturating_sub(tracked.lost_no_ring_seen);
+        if grown == 0 && lost >= tracked.lost_no_ring_seen {
+            if let Some((storm_id, last)) = tracked.no_ring_storm
+                && now.saturating_sub(last) > NO_RING_QUIET
+            {
+                tracked.no_ring_storm = None;
+                if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id) {
+                    storm.end_mono_ns = Some(last);
+                    storm.end_estimated = true;
+                    storm.duration_ns = last.saturating_sub(storm.begin_mono_ns);
+                }
+            }
+            return;
+        }
+        // A count that went down was rewritten by the process: start over.
+        tracked.lost_no_ring_seen = lost;
+        if grown == 0 {
+            return;
+        }
+        let thread = (tid != 0).then_some(tid);
+        let summary = |dropped: u64| {
+            format!(
+                "{dropped} observations lost: every one of the {capacity} ring slots was in use by a live thread{}; raise SUBETHA_RING_SLOTS above the number of observing threads",
+                thread.map_or_else(String::new, |t| format!(" when thread {t} needed one"))
+            )
+        };
+        if let Some((storm_id, _)) = tracked.no_ring_storm
+            && let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id)
+        {
+            storm.dropped += grown;
+            storm.duration_ns = now.saturating_sub(storm.begin_mono_ns);
+            storm.tid = tid;
+            storm.ns_tid = ns_tid;
+            if let Some(cause) = storm.cause.as_mut() {
+                cause.summary = summary(storm.dropped);
+            }
+            tracked.no_ring_storm = Some((storm_id, now));
+            return;
+        }
+        let id = self.next_storm_id;
+        self.next_storm_id += 1;
+        tracked.storms_begun += 1;
+        tracked.no_ring_storm = Some((id, now));
+        if let Some(permit) = crate::logging::throttle("no ring slot", tracked.pid) {
+            tracing::warn!(
+                storm = id,
+                pid = tracked.pid,
+                tid,
+                lost = grown,
+                slots = capacity,
+                "observations lost: no free ring slot; raise SUBETHA_RING_SLOTS{permit}"
+            );
+        }
+        let storm = StormReport {
+            id,
+            pid: tracked.pid,
+            comm: tracked.comm.clone(),
+            container_id: tracked.identity.container_id.clone(),
+            slot: capacity,
+            tid,
+            ns_tid,
+            thread_name: String::new(),
+            begin_mono_ns: now,
+            end_mono_ns: None,
+            end_estimated: false,
+            duration_ns: 0,
+            dropped: grown,
+            first_instance_id: 0,
+            first_instance: None,
+            merged: 0,
+            scan_gaps: Vec::new(),
+            max_scan_gap_ns: 0,
+            cause: Some(crate::model::Cause {
+                kind: cause::NO_RING.into(),
+                summary: summary(grown),
+                confidence: "high".into(),
+                evidence: vec![format!(
+                    "the segment's lost_no_ring counter grew by {grown} (to {lost}) between two scans; the ring table has {capacity} slots"
+                )],
+                interval: None,
+                culprit: None,
+            }),
+            cause_settled: false,
+            timeline: None,
+        };
+        if self.storms.len() == self.config.storm_history {
+            self.storms.pop_front();
+        }
+        self.storms.push_back(storm);
     }
 
     fn release_all(&mut self) {

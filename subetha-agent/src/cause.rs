@@ -13,7 +13,10 @@
 //! segments, reading the probes' events: the agent times each) is
 //! **agent busy**. A gap far beyond the scanner's planned pause that
 //! nothing observed explains is reported as **scanner stalled**, with low
-//! confidence.
+//! confidence. Observations lost because their thread found every ring
+//! slot taken by live threads are a storm of their own, **no ring**
+//! ([`NO_RING`]): the agent names it from the segment's counter, with no
+//! diagnosis to run.
 //!
 //! With the eBPF probes the scanner's off-CPU intervals come from
 //! `sched_switch`/`sched_wakeup` (who held the CPU, in which state it
@@ -24,6 +27,9 @@
 //! rule is unit-tested.
 
 use crate::model::{Cause, Culprit, Interval, StormReport};
+
+/// The cause kind of observations lost for want of a ring slot.
+pub const NO_RING: &str = "no_ring";
 
 /// A period the scanner thread spent off its CPU (from the sched probes).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -420,10 +420,13 @@ pub struct StormReport {
     /// The container its process runs in, if its cgroup names one.
     #[serde(default)]
     pub container_id: Option<String>,
-    /// Ring slot.
+    /// Ring slot (for a `no_ring` storm, which has none: the table's
+    /// capacity).
     pub slot: u32,
     /// Producer OS thread id, in the agent's pid namespace (what the probes
-    /// and `/proc` know; 0 if a containerized thread could not be mapped).
+    /// and `/proc` know; 0 if a containerized thread could not be mapped;
+    /// for a `no_ring` storm, the latest thread that found no slot, 0 if
+    /// unknown).
     pub tid: u32,
     /// The producer's thread id in its own pid namespace.
     #[serde(default)]
@@ -514,9 +517,11 @@ pub struct StormTimeline {
 /// The drops of one ring over a storm's window.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RingDrops {
-    /// Ring slot.
+    /// Ring slot (for a `no_ring` storm, which has none: the table's
+    /// capacity).
     pub slot: u32,
-    /// Producer OS thread id.
+    /// Producer OS thread id (for a `no_ring` storm: the latest thread that
+    /// found no slot, 0 if unknown).
     pub tid: u32,
     /// Its thread name.
     pub thread_name: String,

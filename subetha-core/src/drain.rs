@@ -749,19 +749,67 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             if state == slot_state::FREE {
                 record.slot_drained_total = slot.reconcile_drained();
                 record.slot_dropped_total = slot.ring.dropped();
+                if record.thread_id == 0 {
+                    // Never followed an occupant of it: what it dropped so
+                    // far was before this consumer's time.
+                    record.dropped_seen = record.slot_dropped_total;
+                    record.episodes_seen = slot.ring.producer_counters().episodes;
+                }
             }
             return;
         }
         if record.generation != generation || record.thread_id == 0 {
+            if record.thread_id != 0 {
+                // A thread adopted the slot of one we were following (see
+                // the registry): the drops its exited thread made after our
+                // last look are that thread's, counted before moving on.
+                let at_claim = slot.dropped_at_claim.load(Ordering::Relaxed);
+                let unseen = at_claim.saturating_sub(record.dropped_seen);
+                self.totals.dropped += unseen;
+                report.dropped += unseen;
+                // The ring's latest episode is the previous occupant's while
+                // the new one has begun none: it names the instance.
+                let counters = slot.ring.producer_counters();
+                if unseen > 0 && counters.episodes == slot.episodes_at_claim.load(Ordering::Relaxed) {
+                    let first = counters.episode_first_instance;
+                    let tracked = entry_index(first)
+                        .and_then(|i| self.instances.get_mut(i as usize))
+                        .and_then(Option::as_mut)
+                        .filter(|t| t.generation == id_generation(first));
+                    if let Some(t) = tracked {
+                        t.record.stats.add_attributed_drops(unseen);
+                    }
+                }
+                if let Some(seq) = record.open_episode
+                    && let Some(episode) = self.episodes.iter_mut().rev().find(|e| e.seq == seq)
+                {
+                    episode.dropped = at_claim.saturating_sub(episode.begin_dropped);
+                    if episode.end_mono_ns.is_none() {
+                        episode.end_mono_ns = Some(now);
+                        episode.end_estimated = true;
+                    }
+                }
+            }
             // The slot's counters are cumulative over occupants. Charge the
             // new occupant only what happened after its claim, even if this
-            // consumer never saw the earlier occupants (it attached later).
-            let dropped_seen = record
-                .dropped_seen
-                .max(slot.dropped_at_claim.load(Ordering::Relaxed));
+            // consumer never saw the earlier occupants (it attached later):
+            // at its first scan. A slot first met later was first used (or
+            // last seen free) in this consumer's time, so its earlier
+            // occupants' drops (threads that came, overran it and went
+            // between two scans, each adopting it from the last) are counted.
+            let met_later = record.thread_id == 0 && self.totals.scans > 1;
+            let dropped_seen = if met_later {
+                record.dropped_seen
+            } else {
+                record
+                    .dropped_seen
+                    .max(slot.dropped_at_claim.load(Ordering::Relaxed))
+            };
             let claim_episodes = slot.episodes_at_claim.load(Ordering::Relaxed);
             // The later of the two on the wrapping counter.
-            let episodes_seen = if claim_episodes.wrapping_sub(record.episodes_seen) < u32::MAX / 2 {
+            let episodes_seen = if met_later {
+                record.episodes_seen
+            } else if claim_episodes.wrapping_sub(record.episodes_seen) < u32::MAX / 2 {
                 claim_episodes
             } else {
                 record.episodes_seen
@@ -827,8 +875,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         record.synced = true;
         let finished = state == slot_state::ORPHANED && slot.ring.is_empty();
         self.account_drops(index, now, report);
-        if finished {
-            self.free_slot(index);
+        if finished && self.free_slot(index) {
             report.freed_slots += 1;
         }
     }
@@ -919,8 +966,25 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         }
     }
 
-    fn free_slot(&mut self, index: u32) {
+    fn free_slot(&mut self, index: u32) -> bool {
         let slot = self.view.as_ref().ring_slot(index).expect("scanned slot exists");
+        // A thread that found no free slot may adopt an orphaned one (see
+        // the registry) at any time: take the slot with a compare-exchange
+        // (CLAIMED keeps claimers away while we reset it), and leave it to
+        // its new occupant if one came first. Acquire: pairs with the
+        // orphaning thread's Release, as the state load of the scan did.
+        if slot
+            .state
+            .compare_exchange(
+                slot_state::ORPHANED,
+                slot_state::CLAIMED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
         slot.os_tid.store(0, Ordering::Relaxed);
         slot.thread_id.store(0, Ordering::Relaxed);
         slot.thread_name_len.store(0, Ordering::Relaxed);
@@ -932,6 +996,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         record.state = slot_state::FREE;
         record.open_episode = None;
         self.totals.freed_slots += 1;
+        true
     }
 
     /// Live instances and their statistics.

@@ -42,6 +42,9 @@ pub mod primitives;
 #[allow(dead_code)]
 mod reader_bias;
 pub mod ring;
+/// The model check of ring-slot adoption (registry and drainer).
+#[cfg(all(test, loom))]
+mod slot_adoption;
 mod sync;
 
 #[cfg(not(loom))]

@@ -14,7 +14,10 @@
 //!   memory is touched); every later call reaches the ring through one
 //!   thread-local read, without lookup, lock or allocation. When the thread
 //!   exits its slot is marked orphaned; the consumer drains what is left and
-//!   frees it.
+//!   frees it. A thread that finds no free slot adopts an orphaned one
+//!   (its leftovers stay queued ahead of the new thread's observations), so
+//!   threads that come and go faster than the consumer scans never run out
+//!   of slots while fewer threads than slots are alive.
 //! * Nothing here blocks or panics on a full table: registration returns
 //!   [`RegistryError`], and an observation that cannot get a ring is counted
 //!   in the header's `lost_no_ring` and reported as an error.
@@ -30,7 +33,7 @@ use crate::observation::{Observation, thread_id};
 use crate::ring::ObservationRing;
 use crate::segment::{
     INSTANCE_NAME_MAX, InstanceEntry, OP_KINDS, RingSlot, SHORT_NAME_MAX, Segment, SegmentConfig,
-    SegmentError, SegmentView, instance_state, slot_state, write_text,
+    SegmentError, SegmentLive, SegmentView, instance_state, slot_state, write_text,
 };
 
 /// Why a registration or an observation failed.
@@ -123,6 +126,7 @@ thread_local! {
 
 struct SlotGuard {
     slot: *const RingSlot,
+    live: *const SegmentLive,
     fork_generation: u32,
 }
 
@@ -147,6 +151,12 @@ impl Drop for SlotGuard {
         // Release: the consumer that sees ORPHANED sees every push and
         // counter this thread made.
         slot.state.store(slot_state::ORPHANED, Ordering::Release);
+        // An orphaned slot can be adopted: threads that found the table
+        // full look again.
+        // SAFETY: the header of the same segment as `slot`, mapped for as
+        // long as this (not forked, checked above) process runs.
+        let live = unsafe { &*self.live };
+        live.ring_free_epoch.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -503,60 +513,119 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
     if FAILED_CLAIM_EPOCH.get() == Some(free_epoch) {
         return Err(RegistryError::RingTableFull { capacity });
     }
-    for index in 0..capacity {
-        let slot = view.ring_slot(index).expect("index < capacity");
-        if slot.state.load(Ordering::Relaxed) != slot_state::FREE
-            || slot
-                .state
-                .compare_exchange(
-                    slot_state::FREE,
-                    slot_state::CLAIMED,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-        {
-            continue;
-        }
-        let thread_id = thread_id();
-        slot.generation.fetch_add(1, Ordering::Relaxed);
-        slot.thread_id.store(thread_id, Ordering::Relaxed);
-        // SAFETY: gettid has no preconditions.
-        slot.os_tid
-            .store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
-        let name = std::thread::current()
-            .name()
-            .map(str::to_owned)
-            .unwrap_or_default();
-        slot.thread_name_len
-            .store(write_text(&slot.thread_name, &name), Ordering::Relaxed);
-        slot.claimed_mono_ns
-            .store(clock::monotonic_ns(), Ordering::Relaxed);
-        slot.orphaned_mono_ns.store(0, Ordering::Relaxed);
-        let previous = slot.ring.producer_counters();
-        slot.dropped_at_claim.store(previous.dropped, Ordering::Relaxed);
-        slot.episodes_at_claim.store(previous.episodes, Ordering::Relaxed);
-        // Release: the consumer that sees ACTIVE sees the metadata above.
-        slot.state.store(slot_state::ACTIVE, Ordering::Release);
-        view.live()
-            .rings_high_water
-            .fetch_max(index + 1, Ordering::AcqRel);
-        let producer = Producer {
-            ring: &slot.ring,
-            thread_id,
-        };
-        SLOT_GUARD.with(|guard| {
-            *guard.borrow_mut() = Some(SlotGuard {
-                slot,
-                fork_generation: FORK_GENERATION.load(Ordering::Acquire),
-            });
-        });
-        PRODUCER.set(producer);
-        FAILED_CLAIM_EPOCH.set(None);
+    // A free slot first (touched ones before untouched), and only when there
+    // is none an exited thread's: an adopter starts on its leftovers, and on
+    // a full ring it would drop its own first observations.
+    if let Some(producer) = claim_first(view, 0..capacity, slot_state::FREE) {
+        return Ok(producer);
+    }
+    // Read after the free pass: a slot claimed meanwhile may be orphaned now.
+    let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
+    if let Some(producer) = adopt_emptiest(view, high_water) {
         return Ok(producer);
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
+    // Once per failed look at the table (not per lost observation).
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    view.live().lost_no_ring_tid.store(tid, Ordering::Relaxed);
     Err(RegistryError::RingTableFull { capacity })
+}
+
+/// Claims the first slot in `range` found in state `wanted`.
+fn claim_first(view: &'static SegmentView, range: std::ops::Range<u32>, wanted: u32) -> Option<Producer> {
+    for index in range {
+        let slot = view.ring_slot(index).expect("index < capacity");
+        if slot.state.load(Ordering::Relaxed) == wanted && try_claim(slot, wanted) {
+            return Some(install(view, slot, index));
+        }
+    }
+    None
+}
+
+/// Adopts the orphaned slot below `high_water` whose ring holds the fewest
+/// leftovers (so a thread does not start on a nearly full ring), if any.
+fn adopt_emptiest(view: &'static SegmentView, high_water: u32) -> Option<Producer> {
+    // Another thread may adopt the chosen slot first: look again, a bounded
+    // number of times (each miss means another thread got a ring).
+    for _ in 0..16 {
+        let mut best: Option<(usize, u32)> = None;
+        for index in 0..high_water {
+            let slot = view.ring_slot(index).expect("index < high water <= capacity");
+            if slot.state.load(Ordering::Relaxed) != slot_state::ORPHANED {
+                continue;
+            }
+            let queued = slot.ring.len();
+            if best.is_none_or(|(fewest, _)| queued < fewest) {
+                best = Some((queued, index));
+                if queued == 0 {
+                    break;
+                }
+            }
+        }
+        let (_, index) = best?;
+        let slot = view.ring_slot(index).expect("index < capacity");
+        if try_claim(slot, slot_state::ORPHANED) {
+            return Some(install(view, slot, index));
+        }
+    }
+    None
+}
+
+/// Moves `slot` from `from` to CLAIMED. Acquire: sees what the slot's last
+/// owner (a freeing consumer, an exited thread) published with Release.
+fn try_claim(slot: &RingSlot, from: u32) -> bool {
+    slot.state
+        .compare_exchange(from, slot_state::CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// Sets up `slot` (just claimed: `CLAIMED`) for the calling thread and
+/// installs it as the thread's ring.
+///
+/// An adopted slot (it was `ORPHANED`) may still hold observations its
+/// exited thread pushed: the ring stays one ring with one producer at a
+/// time, so the consumer drains them from `head` as before, then the new
+/// thread's. Each observation carries its own producer's thread id; only
+/// the slot's metadata names the new occupant.
+fn install(view: &SegmentView, slot: &'static RingSlot, index: u32) -> Producer {
+    let thread_id = thread_id();
+    slot.generation.fetch_add(1, Ordering::Relaxed);
+    slot.thread_id.store(thread_id, Ordering::Relaxed);
+    // SAFETY: gettid has no preconditions.
+    slot.os_tid
+        .store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
+    let name = std::thread::current()
+        .name()
+        .map(str::to_owned)
+        .unwrap_or_default();
+    slot.thread_name_len
+        .store(write_text(&slot.thread_name, &name), Ordering::Relaxed);
+    slot.claimed_mono_ns
+        .store(clock::monotonic_ns(), Ordering::Relaxed);
+    slot.orphaned_mono_ns.store(0, Ordering::Relaxed);
+    let previous = slot.ring.producer_counters();
+    slot.dropped_at_claim.store(previous.dropped, Ordering::Relaxed);
+    slot.episodes_at_claim.store(previous.episodes, Ordering::Relaxed);
+    // Release: the consumer that sees ACTIVE sees the metadata above.
+    slot.state.store(slot_state::ACTIVE, Ordering::Release);
+    view.live()
+        .rings_high_water
+        .fetch_max(index + 1, Ordering::AcqRel);
+    let producer = Producer {
+        ring: &slot.ring,
+        thread_id,
+    };
+    SLOT_GUARD.with(|guard| {
+        *guard.borrow_mut() = Some(SlotGuard {
+            slot,
+            live: view.live(),
+            fork_generation: FORK_GENERATION.load(Ordering::Acquire),
+        });
+    });
+    PRODUCER.set(producer);
+    FAILED_CLAIM_EPOCH.set(None);
+    producer
 }
 
 #[cfg(test)]

@@ -130,10 +130,14 @@ pub struct SegmentLive {
     /// Observations lost because their thread could not get a ring slot
     /// (table full, or the thread was exiting).
     pub lost_no_ring: AtomicU64,
-    /// Bumped by the consumer each time it frees a ring slot, so threads
-    /// that found the table full know when to look again.
+    /// Bumped each time a ring slot becomes claimable (the consumer freed
+    /// it, or its thread exited and it may be adopted), so threads that
+    /// found the table full know when to look again.
     pub ring_free_epoch: AtomicU32,
-    _pad0: [u8; 44],
+    /// OS thread id of the latest thread that found no ring slot (0: none
+    /// yet): a consumer names it in its `no_ring` storm.
+    pub lost_no_ring_tid: AtomicU32,
+    _pad0: [u8; 40],
     /// The consumer lease: `pid << 32 | token` of the consumer draining the
     /// segment, 0 when nobody does. See [`ConsumerLease`](crate::lease).
     pub consumer: AtomicU64,
@@ -204,7 +208,8 @@ pub mod slot_state {
     pub const CLAIMED: u32 = 1;
     /// Owned by a live thread that pushes into it.
     pub const ACTIVE: u32 = 2;
-    /// Its thread exited; the consumer drains what is left and frees it.
+    /// Its thread exited; the consumer drains what is left and frees it,
+    /// unless a thread that found no free slot adopts it first.
     pub const ORPHANED: u32 = 3;
 }
 

@@ -259,6 +259,84 @@ fn thousands_of_short_lived_threads_reuse_slots_and_balance() {
     agent.stop();
 }
 
+/// Eight short-lived observing threads at a time for ten seconds, at the
+/// agent's default scan intervals: thousands of threads come and go between
+/// two scans, and each finds a ring (an exited thread's slot, adopted when
+/// none is free), but for a rare race noted below.
+#[test]
+fn churn_of_eight_for_ten_seconds_loses_nothing_for_want_of_a_ring() {
+    let mut workload = Workload::spawn(
+        WORKLOAD,
+        &[
+            "run",
+            "--threads",
+            "2",
+            "--rate",
+            "5000",
+            "--churn",
+            "8",
+            "--churn-ops",
+            "50",
+        ],
+        &[],
+    );
+    let pid = workload.pid();
+    let agent = in_process_agent(&[pid], |_| {});
+    wait_attached(&agent, pid);
+    workload.cmd("go");
+    std::thread::sleep(Duration::from_secs(10));
+    let truth = workload.stop();
+    let report = wait_agent(&agent, "the agent to see the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").cloned()
+    });
+    assert!(truth.threads > 1000, "the churn ran: {truth:?}");
+    // Known gap (issue 28, not closed): a thread that meets the table while
+    // every slot is live or being claimed loses that one observation (it
+    // looks again once a slot is orphaned). Seen: 0, 1 and 8 of ~30M.
+    // Before adoption this lost ~6% (600,093 of 9,956,415).
+    assert!(
+        truth.lost * 1_000_000 <= truth.attempted,
+        "at most one in a million lost for want of a ring: {truth:?}"
+    );
+    assert_conserved(&report, &truth, "churn of eight");
+    agent.stop();
+}
+
+/// More live observing threads than ring slots (`SUBETHA_RING_SLOTS=2`,
+/// four workers): the losses are a `no_ring` storm naming a thread, whose
+/// count is every observation lost for want of a ring.
+#[test]
+fn too_few_slots_for_the_live_threads_is_a_no_ring_storm() {
+    let mut workload = Workload::spawn(
+        WORKLOAD,
+        &["run", "--threads", "4", "--rate", "2000"],
+        &[("SUBETHA_RING_SLOTS", "2")],
+    );
+    let pid = workload.pid();
+    let agent = in_process_agent(&[pid], |_| {});
+    wait_attached(&agent, pid);
+    workload.cmd("go");
+    std::thread::sleep(Duration::from_millis(500));
+    let truth = workload.stop();
+    assert!(truth.lost > 0, "two slots for four live threads: {truth:?}");
+    let snapshot = wait_agent(&agent, "the agent to see the exit", |s| {
+        process(s, pid).filter(|p| p.state == "exited").map(|_| s.clone())
+    });
+    assert_conserved(process(&snapshot, pid).unwrap(), &truth, "no ring");
+    let no_ring: Vec<_> = storms_of(&snapshot, pid)
+        .into_iter()
+        .filter(|s| s.cause.as_ref().is_some_and(|c| c.kind == "no_ring"))
+        .collect();
+    assert!(!no_ring.is_empty(), "no no_ring storm: {:#?}", snapshot.storms);
+    assert_eq!(no_ring.iter().map(|s| s.dropped).sum::<u64>(), truth.lost);
+    let storm = no_ring[0];
+    assert_ne!(storm.tid, 0, "names the thread: {storm:#?}");
+    assert_eq!(storm.slot, 2, "no slot: the table's capacity");
+    let summary = &storm.cause.as_ref().unwrap().summary;
+    assert!(summary.contains("SUBETHA_RING_SLOTS"), "{summary}");
+    agent.stop();
+}
+
 #[test]
 fn slots_freed_before_the_agent_attached_still_count() {
     let mut workload = Workload::spawn(

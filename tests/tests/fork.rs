@@ -139,7 +139,18 @@ fn forked_child_gets_its_own_segment_and_leaves_the_parents_rings_alone() {
     }
     let totals = drainer.totals();
     assert_eq!((totals.unattributed, totals.dropped), (0, 0));
-    assert_eq!(totals.freed_slots, PARENT_WORKERS as u64, "the workers' slots");
+    // A worker that starts after another exited may adopt its orphaned slot
+    // (nobody drained here before the fork), so they used 1..=3 slots: each
+    // freed once, none left behind.
+    assert!(
+        (1..=PARENT_WORKERS as u64).contains(&totals.freed_slots),
+        "the workers' slots: {totals:?}"
+    );
+    assert!(
+        drainer.rings().iter().all(|r| r.state != slot_state::ORPHANED),
+        "every exited worker's slot freed: {:?}",
+        drainer.rings()
+    );
     assert_eq!(drainer.retired().count(), 1, "fork-retired");
     let mut a_threads = find(&records, a.id())
         .unwrap()

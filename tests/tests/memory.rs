@@ -2,7 +2,8 @@
 //! observes costs nothing, and after 10,000 short-lived observing threads
 //! with at most 8 holding a ring slot at once, the segment's touched memory
 //! (`mincore`) is within 8 rings plus the header and instance table, because
-//! the sidecar frees exited threads' slots and new threads reuse them.
+//! the sidecar frees exited threads' slots and new threads reuse them (or
+//! adopt an exited thread's slot before the sidecar gets to it).
 //! Every observation is accounted: drained + dropped = observe calls.
 //!
 //! One `#[test]`: the process segment and its sidecar are process-global.
@@ -140,9 +141,8 @@ fn ten_thousand_short_lived_threads_reuse_eight_slots() {
         "the sidecar to drain everything and free every slot",
         || {
             let snap = sidecar.snapshot();
-            let done = snap.totals.drained == queued
-                && count_slots(view, slot_state::FREE) == view.rings_in_use()
-                && snap.totals.freed_slots == THREADS;
+            let done =
+                snap.totals.drained == queued && count_slots(view, slot_state::FREE) == view.rings_in_use();
             done.then_some(snap)
         },
         || {
@@ -171,7 +171,14 @@ fn ten_thousand_short_lived_threads_reuse_eight_slots() {
     );
 
     // Slot reuse: never more than 8 slots, claimed 10,000 times between them.
+    // A thread may adopt an exited thread's slot before the sidecar frees
+    // it, so a slot is freed at most once per claim.
     let high_water = view.rings_in_use();
+    assert!(
+        (u64::from(high_water)..=THREADS).contains(&snap.totals.freed_slots),
+        "{:?}",
+        snap.totals
+    );
     assert!(
         (1..=MAX_AT_ONCE).contains(&high_water),
         "ring high-water mark {high_water} > {MAX_AT_ONCE}"
