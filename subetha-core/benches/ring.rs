@@ -741,6 +741,295 @@ fn threaded_rows() {
 }
 
 // ---------------------------------------------------------------------------
+// (6) An outsider's harness: long rounds, three consumer shapes.
+//
+// Rows 2 and 3 are our own harness (short rounds, the consumer in `Cons`
+// shape). A user comparing us with rtrb writes something simpler: one
+// fresh ring per round, the producer on CPU 0 and the consumer on CPU 1,
+// rounds of 10 M items, subetha and rtrb alternating round by round, and a
+// consumer written the obvious way for each API. These rows are that
+// harness, so our table cannot disagree with theirs.
+
+/// How the consumer thread of an outsider's harness takes items out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// One `pop` per item, busy-polling (no pause when empty).
+    PerItem,
+    /// Batches of [`POP_BATCH`] (`pop_batch` / rtrb `read_chunk`), a
+    /// `spin_loop` pause when empty.
+    BatchPause,
+    /// The same batches, no pause when empty.
+    BatchSpin,
+}
+
+impl Shape {
+    const ALL: [Shape; 3] = [Shape::PerItem, Shape::BatchPause, Shape::BatchSpin];
+
+    /// The id used in filters and side-file names (`harness_<id>`).
+    fn id(self) -> &'static str {
+        match self {
+            Shape::PerItem => "per_item",
+            Shape::BatchPause => "batch_pause",
+            Shape::BatchSpin => "batch_spin",
+        }
+    }
+}
+
+/// The consumer calls an outsider would write against each API.
+trait OutsiderCons: Send {
+    /// One item, if any.
+    fn pop_one(&mut self) -> Option<Observation>;
+    /// Up to `out.len()` items, the API's batch way; returns how many.
+    fn pop_chunk(&mut self, out: &mut [Observation]) -> usize;
+}
+
+impl OutsiderCons for Arc<SegmentPlaced> {
+    #[inline(always)]
+    fn pop_one(&mut self) -> Option<Observation> {
+        ObservationRing::pop(&self.0)
+    }
+
+    #[inline(always)]
+    fn pop_chunk(&mut self, out: &mut [Observation]) -> usize {
+        ObservationRing::pop_batch(&self.0, out)
+    }
+}
+
+impl OutsiderCons for rtrb::Consumer<Observation> {
+    #[inline(always)]
+    fn pop_one(&mut self) -> Option<Observation> {
+        rtrb::Consumer::pop(self).ok()
+    }
+
+    #[inline(always)]
+    fn pop_chunk(&mut self, out: &mut [Observation]) -> usize {
+        // The documented way: ask how many slots are readable, take a chunk
+        // of up to `out.len()`, copy it out, commit.
+        let n = self.slots().min(out.len());
+        if n == 0 {
+            return 0;
+        }
+        let chunk = self.read_chunk(n).expect("slots() said readable");
+        let (first, second) = chunk.as_slices();
+        out[..first.len()].copy_from_slice(first);
+        out[first.len()..n].copy_from_slice(second);
+        chunk.commit_all();
+        n
+    }
+}
+
+/// Runs the consumer loop of `shape` until `stop` (then empties the ring)
+/// or until `limit` items were taken; returns how many were taken.
+#[inline(never)]
+fn outsider_consume<C: OutsiderCons>(c: &mut C, shape: Shape, stop: &AtomicBool, limit: usize) -> usize {
+    let mut buf = [Observation::ZERO; POP_BATCH];
+    let mut taken = 0usize;
+    loop {
+        let got = match shape {
+            Shape::PerItem => match c.pop_one() {
+                Some(obs) => {
+                    black_box(obs);
+                    1
+                }
+                None => 0,
+            },
+            Shape::BatchPause | Shape::BatchSpin => {
+                let got = c.pop_chunk(&mut buf);
+                black_box(&buf[..got]);
+                got
+            }
+        };
+        taken += got;
+        if taken >= limit {
+            return taken;
+        }
+        if got == 0 {
+            if stop.load(Ordering::Acquire) {
+                // The producer finished: whatever is left is taken now.
+                loop {
+                    let got = c.pop_chunk(&mut buf);
+                    if got == 0 {
+                        return taken;
+                    }
+                    taken += got;
+                }
+            }
+            if shape == Shape::BatchPause {
+                spin_loop();
+            }
+        }
+    }
+}
+
+/// One round of the outsider's harness on a fresh pair: the calling thread
+/// (CPU 0) produces, a consumer thread (CPU 1) consumes in `shape`.
+/// Lossy: times `n` `push`es, returns (time, accepted). Lossless: times
+/// `n` items from the first `try_push` until the consumer has them all,
+/// returns (time, n).
+fn outsider_round<P: Prod + Send, C: OutsiderCons>(
+    (p, c): (P, C),
+    shape: Shape,
+    lossy: bool,
+    n: usize,
+) -> (Duration, usize, bool) {
+    let (mut p, mut c) = (Box::new(Padded(p)), Box::new(Padded(c)));
+    let ready = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let pinned = pin_to(HELPER_CPU);
+            ready.store(true, Ordering::Release);
+            let limit = if lossy { usize::MAX } else { n };
+            (outsider_consume(&mut c.0, shape, &stop, limit), pinned)
+        });
+        while !ready.load(Ordering::Acquire) {
+            spin_loop();
+        }
+        let start = Instant::now();
+        let (elapsed, accepted) = if lossy {
+            let accepted = push_n(&mut p.0, n);
+            (start.elapsed(), accepted)
+        } else {
+            push_n_retrying(&mut p.0, n);
+            let (taken, _) = consumer.join().expect("consumer thread");
+            // The consumer returns when it has all `n`: that is the end.
+            let elapsed = start.elapsed();
+            assert_eq!(taken, n, "lossless round moved every item");
+            return (elapsed, n, true);
+        };
+        stop.store(true, Ordering::Release);
+        let (taken, pinned) = consumer.join().expect("consumer thread");
+        assert_eq!(taken, accepted, "the consumer took every accepted item");
+        (elapsed, accepted, pinned)
+    })
+}
+
+/// Rounds and items per round of the outsider's harness.
+fn outsider_plan() -> (usize, usize) {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    if !std::env::args().any(|a| a == "--bench") {
+        (1, 1 << 16) // `cargo test` smoke run
+    } else if quick() {
+        (3, 1 << 20)
+    } else {
+        (
+            env("SUBETHA_HARNESS_ROUNDS").unwrap_or(5),
+            env("SUBETHA_HARNESS_ITEMS").unwrap_or(10_000_000),
+        )
+    }
+}
+
+fn outsider_rows() {
+    let (rounds, n) = outsider_plan();
+    for shape in Shape::ALL {
+        let group = format!("harness_{}", shape.id());
+        if !selected(&format!("{group}/subetha")) && !selected(&format!("{group}/rtrb")) {
+            continue;
+        }
+        // Per implementation (0 = subetha, 1 = rtrb) and round.
+        let mut push_ns = [Vec::new(), Vec::new()];
+        let mut fractions = [Vec::new(), Vec::new()];
+        let mut lossless_ns = [Vec::new(), Vec::new()];
+        let (mut pinned, mut disturbed) = (true, 0usize);
+        for round in 0..rounds {
+            for lossy in [true, false] {
+                for k in 0..2 {
+                    // Alternate which goes first, round by round.
+                    let which = (round + k) % 2;
+                    let before = cpu_jiffies();
+                    let (elapsed, accepted, helper_pinned) = if which == 0 {
+                        outsider_round(subetha_pair(), shape, lossy, n)
+                    } else {
+                        outsider_round(rtrb_pair(), shape, lossy, n)
+                    };
+                    disturbed += usize::from(others_between(before, cpu_jiffies()) > 1);
+                    pinned &= helper_pinned;
+                    let ns = elapsed.as_nanos() as f64 / n as f64;
+                    if lossy {
+                        push_ns[which].push(ns);
+                        fractions[which].push((n - accepted) as f64 / n as f64);
+                    } else {
+                        lossless_ns[which].push(ns);
+                    }
+                }
+            }
+        }
+        let paired = |v: &[Vec<f64>; 2], f: fn(f64, f64) -> f64| {
+            RatioSummary::of(v[0].iter().zip(&v[1]).map(|(&o, &r)| f(o, r)).collect())
+        };
+        // Oriented as subetha / rtrb: push time, drop fraction, throughput.
+        let push_ratio = paired(&push_ns, |o, r| o / r);
+        let drop_ratio = paired(&fractions, |o, r| if r > 0.0 { o / r } else if o > 0.0 { f64::INFINITY } else { 1.0 });
+        let lossless_ratio = paired(&lossless_ns, |o, r| r / o);
+        println!(
+            "{group}: {rounds} rounds of {n} items, {disturbed} of {} runs disturbed by other processes",
+            rounds * 4
+        );
+        for (which, name) in ["subetha", "rtrb"].into_iter().enumerate() {
+            let (p, p1, p3) = quartiles(&push_ns[which]);
+            let (f, f1, f3) = quartiles(&fractions[which]);
+            let (l, l1, l3) = quartiles(&lossless_ns[which]);
+            println!(
+                "{group}/{name}: push {p:.2} ns (IQR {p1:.2} .. {p3:.2}), dropped {:.2}% (IQR {:.2} .. {:.2}), \
+                 lossless {:.1} M obs/s (IQR {:.1} .. {:.1})",
+                f * 100.0,
+                f1 * 100.0,
+                f3 * 100.0,
+                1e3 / l,
+                1e3 / l3,
+                1e3 / l1
+            );
+            let mut fields: Vec<(String, String)> = [
+                ("rounds", rounds.to_string()),
+                ("items_per_round", n.to_string()),
+                ("pinned", pinned.to_string()),
+                ("runs_disturbed", disturbed.to_string()),
+                ("push_ns", format!("{p:.6}")),
+                ("push_ns_q1", format!("{p1:.6}")),
+                ("push_ns_q3", format!("{p3:.6}")),
+                ("drop_fraction", format!("{f:.6}")),
+                ("drop_fraction_q1", format!("{f1:.6}")),
+                ("drop_fraction_q3", format!("{f3:.6}")),
+                ("lossless_ns", format!("{l:.6}")),
+                ("lossless_ns_q1", format!("{l1:.6}")),
+                ("lossless_ns_q3", format!("{l3:.6}")),
+            ]
+            .map(|(k, v)| (k.to_owned(), v))
+            .into();
+            if which == 0 {
+                println!(
+                    "{group}: subetha/rtrb paired per round: push time ×{:.3} [{:.3} .. {:.3}], drop fraction \
+                     ×{:.3} [{:.3} .. {:.3}], lossless throughput ×{:.3} [{:.3} .. {:.3}]",
+                    push_ratio.median,
+                    push_ratio.min,
+                    push_ratio.max,
+                    drop_ratio.median,
+                    drop_ratio.min,
+                    drop_ratio.max,
+                    lossless_ratio.median,
+                    lossless_ratio.min,
+                    lossless_ratio.max
+                );
+                for (key, r) in [
+                    ("vs_rtrb_push_time", push_ratio),
+                    ("vs_rtrb_drop_fraction", drop_ratio),
+                    ("vs_rtrb_lossless_speed", lossless_ratio),
+                ] {
+                    // JSON has no infinity: a ratio against zero drops is
+                    // written as a large number.
+                    let finite = |x: f64| if x.is_finite() { x } else { 1e9 };
+                    fields.push((key.to_owned(), format!("{:.6}", finite(r.median))));
+                    fields.push((format!("{key}_min"), format!("{:.6}", finite(r.min))));
+                    fields.push((format!("{key}_max"), format!("{:.6}", finite(r.max))));
+                }
+            }
+            let fields: Vec<(&str, String)> = fields.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            write_side_file(&format!("{group}-{name}"), &fields);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
 // (4) Drainer into InstanceStats.
 
 const DRAIN_RINGS: u32 = 8;
@@ -984,6 +1273,7 @@ fn main() {
     push_full(&mut criterion);
     observe(&mut criterion);
     threaded_rows();
+    outsider_rows();
     drainer(&mut criterion);
     criterion.final_summary();
 }
