@@ -56,6 +56,8 @@ pub mod registry;
 pub mod segment;
 #[cfg(not(loom))]
 pub mod sidecar;
+#[cfg(not(loom))]
+pub mod site;
 pub mod stats;
 
 pub use observation::{Observation, thread_id};

@@ -13,6 +13,8 @@
 //! instance_table_offset         [InstanceEntry; instance_capacity] (256 B each)
 //! ring_table_offset             [RingSlot; ring_slot_capacity] (64 B meta +
 //!                               64 B consumer accounting + ObservationRing)
+//! site_table_offset             SiteTableHead (64 B) + [SiteEntry; site_capacity]
+//!                               (128 B each; see crate::site)
 //! ```
 //!
 //! Every struct is `#[repr(C)]` with explicit padding and is asserted in
@@ -113,8 +115,11 @@ pub struct SegmentLayout {
     pub calibration: Calibration,
     /// CLOCK_MONOTONIC nanoseconds at creation.
     pub created_mono_ns: u64,
-    /// Zero.
-    pub reserved: u64,
+    /// Byte offset of the call-site table ([`crate::site`]); 0 when
+    /// `site_capacity` is 0.
+    pub site_table_offset: u32,
+    /// Entries in the call-site table (0: none, an older producer).
+    pub site_capacity: u32,
 }
 
 /// Live, atomically accessed part of the header.
@@ -378,21 +383,26 @@ impl SegmentConfig {
         config
     }
 
-    fn geometry(&self) -> Geometry {
+    /// The geometry with a call-site table of `sites` entries.
+    fn geometry_with_sites(&self, sites: u32) -> Geometry {
         let instances = self.instances.clamp(1, MAX_INSTANCES);
         let ring_slots = self.ring_slots.clamp(1, MAX_RING_SLOTS);
         let instance_table_offset = HEADER_SIZE;
         let instance_table_len = instances as usize * size_of::<InstanceEntry>();
         let ring_table_offset = round_up(instance_table_offset + instance_table_len, PAGE);
-        let total_size = round_up(
+        let site_table_offset = round_up(
             ring_table_offset + ring_slots as usize * size_of::<RingSlot>(),
             PAGE,
         );
+        let sites = sites.min(crate::site::MAX_SITES);
+        let total_size = round_up(site_table_offset + crate::site::table_len(sites), PAGE);
         Geometry {
             instances,
             ring_slots,
+            sites,
             instance_table_offset,
             ring_table_offset,
+            site_table_offset,
             total_size,
         }
     }
@@ -412,8 +422,10 @@ fn env_u32(key: &str) -> Option<u32> {
 struct Geometry {
     instances: u32,
     ring_slots: u32,
+    sites: u32,
     instance_table_offset: usize,
     ring_table_offset: usize,
+    site_table_offset: usize,
     total_size: usize,
 }
 
@@ -491,7 +503,9 @@ impl Segment {
     /// Creates, sizes, seals and maps a new segment for this process.
     /// Falls back to anonymous memory (one warning) when memfd fails.
     pub fn create(config: SegmentConfig) -> Result<Self, SegmentError> {
-        let geometry = config.geometry();
+        let sites =
+            env_u32("SUBETHA_SITES").map_or(crate::site::DEFAULT_SITES, |n| n.min(crate::site::MAX_SITES));
+        let geometry = config.geometry_with_sites(sites);
         let (fd, backing) = match create_sealed_memfd(geometry.total_size) {
             Ok(fd) => (Some(fd), Backing::Memfd),
             Err(error) => {
@@ -523,7 +537,8 @@ impl Segment {
             observation_size: size_of::<crate::Observation>() as u32,
             calibration: *clock::calibration(),
             created_mono_ns: clock::monotonic_ns(),
-            reserved: 0,
+            site_table_offset: geometry.site_table_offset as u32,
+            site_capacity: geometry.sites,
         };
         let header = mapping.base.as_ptr().cast::<SegmentLayout>();
         // SAFETY: the mapping is at least HEADER_SIZE bytes, page-aligned and
@@ -752,6 +767,35 @@ impl SegmentView {
         Some(unsafe { &*self.base.as_ptr().add(offset).cast::<RingSlot>() })
     }
 
+    /// The call-site table, if the segment has one.
+    pub fn sites(&self) -> Option<crate::site::SiteTable<'_>> {
+        let capacity = self.layout.site_capacity as usize;
+        if capacity == 0 {
+            return None;
+        }
+        let offset = self.layout.site_table_offset as usize;
+        // SAFETY: validated: the head and `capacity` entries lie within the
+        // mapping, page-aligned (so the 64-aligned head and the 4-aligned
+        // entries after it are aligned), apart from the other tables; both
+        // types are atomics and padding, valid for every bit pattern.
+        unsafe {
+            let head = &*self
+                .base
+                .as_ptr()
+                .add(offset)
+                .cast::<crate::site::SiteTableHead>();
+            let first = self
+                .base
+                .as_ptr()
+                .add(offset + size_of::<crate::site::SiteTableHead>())
+                .cast::<crate::site::SiteEntry>();
+            Some(crate::site::SiteTable {
+                head,
+                entries: std::slice::from_raw_parts(first, capacity),
+            })
+        }
+    }
+
     /// Number of instance entries worth looking at (high-water mark,
     /// clamped to the capacity).
     pub fn instances_in_use(&self) -> u32 {
@@ -836,7 +880,7 @@ fn max_segment_size() -> usize {
         instances: MAX_INSTANCES,
         ring_slots: MAX_RING_SLOTS,
     }
-    .geometry()
+    .geometry_with_sites(crate::site::MAX_SITES)
     .total_size
 }
 
@@ -913,6 +957,27 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
     }
     if instance_table.start < ring_table.end && ring_table.start < instance_table.end {
         return Err(SegmentError::BadTable("instance and ring"));
+    }
+    if layout.site_capacity > crate::site::MAX_SITES {
+        return Err(SegmentError::TooLarge {
+            field: "site",
+            found: layout.site_capacity,
+            max: crate::site::MAX_SITES,
+        });
+    }
+    if layout.site_capacity != 0 {
+        let offset = u64::from(layout.site_table_offset);
+        let len = crate::site::table_len(layout.site_capacity) as u64;
+        let sites = (offset.is_multiple_of(PAGE as u64) && offset >= HEADER_SIZE as u64)
+            .then(|| offset.checked_add(len))
+            .flatten()
+            .filter(|&end| end <= total)
+            .map(|end| offset..end)
+            .ok_or(SegmentError::BadTable("site"))?;
+        let overlaps = |other: &std::ops::Range<u64>| sites.start < other.end && other.start < sites.end;
+        if overlaps(&instance_table) || overlaps(&ring_table) {
+            return Err(SegmentError::BadTable("site and instance or ring"));
+        }
     }
     layout
         .calibration

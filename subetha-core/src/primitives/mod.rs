@@ -113,12 +113,14 @@ use crate::clock;
 use crate::observation::Observation;
 use crate::registry::{Instance, InstanceKind, entry_index, id_generation, process_segment};
 use crate::segment::{INSTANCE_NAME_MAX, instance_state};
+use crate::site::SiteWord;
 
 pub mod adaptive;
 pub mod barrier;
 pub mod channel;
 pub mod condvar;
 pub(crate) mod held;
+pub(crate) mod holder;
 pub mod mutex;
 pub mod op_counts;
 pub(crate) mod reader_bias;
@@ -407,6 +409,28 @@ impl Probe {
         self.emitter().emit(op_kind, flags, latency_ticks);
     }
 
+    /// [`emit`](Self::emit) of a slow-path operation called at `site`
+    /// (interned here, so only on the paths that need it).
+    #[inline(always)]
+    pub(crate) fn emit_at(
+        &self,
+        op_kind: u16,
+        flags: u16,
+        latency_ticks: u64,
+        site: &'static Location<'static>,
+    ) {
+        self.emitter().emit_at(op_kind, flags, latency_ticks, site);
+    }
+
+    /// The interned id of `site` (0 when unobserved).
+    pub(crate) fn site_id(&self, site: &'static Location<'static>) -> u16 {
+        if self.instance.is_some() {
+            crate::site::intern(site)
+        } else {
+            crate::site::NONE
+        }
+    }
+
     /// What [`emit`](Self::emit) needs, read now to push later: a lock
     /// reads it before its release, while its line is surely in this
     /// core's cache.
@@ -429,8 +453,14 @@ impl Emitter {
     /// [`Probe::emit`].
     #[inline(always)]
     pub(crate) fn emit(self, op_kind: u16, flags: u16, latency_ticks: u64) {
+        self.emit_sites(op_kind, flags, latency_ticks, SiteWord::NONE);
+    }
+
+    /// [`emit`](Self::emit) carrying call-site ids (see [`crate::site`]).
+    #[inline(always)]
+    pub(crate) fn emit_sites(self, op_kind: u16, flags: u16, latency_ticks: u64, sites: SiteWord) {
         if let Some(id) = self.0 {
-            match crate::registry::observe_as(id, op_kind, flags, latency_ticks) {
+            match crate::registry::observe_with_sites(id, op_kind, flags, latency_ticks, sites.0) {
                 Ok(queued) => {
                     if accounting::ENABLED.load(Ordering::Relaxed) {
                         accounting::count(if queued {
@@ -442,6 +472,27 @@ impl Emitter {
                 }
                 Err(error) => lost(error),
             }
+        }
+    }
+
+    /// Emits a slow-path observation made at `site`: interns the site
+    /// (only if the primitive is observed) and carries its id.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn emit_at(
+        self,
+        op_kind: u16,
+        flags: u16,
+        latency_ticks: u64,
+        site: &'static Location<'static>,
+    ) {
+        if self.0.is_some() {
+            self.emit_sites(
+                op_kind,
+                flags,
+                latency_ticks,
+                SiteWord::own(crate::site::intern(site)),
+            );
         }
     }
 }
