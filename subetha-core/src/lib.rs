@@ -58,6 +58,8 @@ pub mod segment;
 pub mod sidecar;
 #[cfg(not(loom))]
 pub mod site;
+#[cfg(not(loom))]
+pub mod site_stats;
 pub mod stats;
 
 pub use observation::{Observation, thread_id};

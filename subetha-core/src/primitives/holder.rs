@@ -69,7 +69,75 @@ pub(crate) fn holder(id: u32, count_now: u16) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{init, unique, wait_for};
     use super::*;
+    use crate::primitives::{PolicyWord, mutex, set_policy_word};
+    use crate::site::read_site;
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    fn site_line(id: u16) -> u32 {
+        let segment = crate::registry::process_segment().unwrap();
+        read_site(segment.view().sites(), id).unwrap().line
+    }
+
+    #[test]
+    fn a_wait_names_its_own_line_and_the_line_whose_hold_it_waited_for() {
+        init();
+        let name = unique("holder-lines");
+        let m = Arc::new(crate::Mutex::named(&name, ()));
+        // Every hold sampled: every holder site known.
+        assert!(set_policy_word(
+            m.instance_id().unwrap(),
+            PolicyWord::default().with_sample_every(1)
+        ));
+        m.refresh_policy();
+        let step = Arc::new(Barrier::new(2));
+        let holder_line = line!() + 5;
+        let holder = {
+            let (m, step) = (Arc::clone(&m), Arc::clone(&step));
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    let guard = m.lock();
+                    step.wait();
+                    std::thread::sleep(Duration::from_millis(3));
+                    drop(guard);
+                    step.wait();
+                }
+            })
+        };
+        let waiter_line = line!() + 3;
+        for _ in 0..5 {
+            step.wait();
+            drop(m.lock());
+            step.wait();
+        }
+        holder.join().unwrap();
+        let r = wait_for(&name, |r| {
+            r.sites
+                .waiters
+                .iter()
+                .any(|(&(op, id), row)| op == mutex::op::LOCK && site_line(id) == waiter_line && row.contended >= 5)
+        });
+        let (&(_, waiter), row) = r
+            .sites
+            .waiters
+            .iter()
+            .find(|((_, id), _)| site_line(*id) == waiter_line)
+            .unwrap();
+        assert_eq!(row.contended, 5, "{:?}", r.sites);
+        let (_, charged) = r
+            .sites
+            .holders
+            .iter()
+            .find(|((op, id), _)| *op == mutex::op::LOCK && *id != 0 && site_line(*id) == holder_line)
+            .unwrap_or_else(|| panic!("no holder row for line {holder_line}: {:?}", r.sites));
+        assert_eq!(charged.waits, 5, "{:?}", r.sites);
+        assert_eq!(charged.wait_ticks, row.wait_ticks(), "the same waits, charged to the holder");
+        let ms = crate::clock::calibration().ticks_to_ns(row.wait_ticks()) / 1_000_000;
+        assert!(ms >= 10, "five waits behind 3 ms holds: {ms} ms");
+        assert_ne!(waiter, 0);
+    }
 
     #[test]
     fn a_stamp_names_the_hold_only_while_the_count_matches() {

@@ -2268,8 +2268,8 @@ mod tests {
         let plain = m.lock();
         assert_eq!(
             m.raw().pending.get(),
-            PENDING_PARKED,
-            "a plain lock, threads parked"
+            PENDING_PARKED | PENDING_SITE,
+            "a plain lock, threads parked (its site kept for the holder view)"
         );
         let thief = {
             let (m, winner) = (Arc::clone(&m), Arc::clone(&winner));
