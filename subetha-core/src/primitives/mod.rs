@@ -1103,6 +1103,92 @@ mod tests {
         assert_eq!(crate::segment::read_padded_text(&entry.op_names[2]), "unlock");
     }
 
+    /// The line of every (op, site) waiter row of `name` with a miss or a wait.
+    fn site_lines(name: &str, ops: usize) -> Vec<(u16, u32)> {
+        let r = test_support::wait_for(name, |r| r.sites.waiters.len() >= ops);
+        let segment = process_segment().unwrap();
+        r.sites
+            .waiters
+            .keys()
+            .map(|&(op, id)| (op, crate::site::read_site(segment.view().sites(), id).unwrap().line))
+            .collect()
+    }
+
+    #[test]
+    fn misses_and_waits_of_every_primitive_carry_their_callers_line() {
+        use std::time::Duration;
+        test_support::init();
+        let name = test_support::unique("sites-mutex");
+        let m = Mutex::named(&name, ());
+        let held = m.lock();
+        let line = line!() + 1;
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock_for(Duration::from_millis(1)).is_none());
+        drop(held);
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(mutex::op::TRY_LOCK, line), (mutex::op::TRY_LOCK, line + 1)]
+        );
+
+        let name = test_support::unique("sites-rwlock");
+        let l = RwLock::named(&name, ());
+        let w = l.write();
+        let line = line!() + 1;
+        assert!(l.try_read().is_none());
+        assert!(l.try_write_for(Duration::from_millis(1)).is_none());
+        drop(w);
+        let r = l.read();
+        assert!(l.try_upgradable_read().is_some());
+        drop(r);
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(rwlock::op::TRY_READ, line), (rwlock::op::TRY_WRITE, line + 1)]
+        );
+
+        let name = test_support::unique("sites-semaphore");
+        let sem = Semaphore::named(&name, 0);
+        let line = line!() + 1;
+        assert!(sem.try_acquire().is_none());
+        assert!(sem.try_acquire_for(Duration::from_millis(1)).is_none());
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(semaphore::op::TRY_ACQUIRE, line), (semaphore::op::TRY_ACQUIRE, line + 1)]
+        );
+
+        let name = test_support::unique("sites-channel");
+        let ch = Channel::<u8>::named(&name, 1);
+        let line = line!() + 1;
+        assert!(ch.try_recv().is_err());
+        assert!(ch.recv_timeout(Duration::from_millis(1)).is_err());
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(channel::op::RECV, line + 1), (channel::op::TRY_RECV, line)]
+        );
+
+        let name = test_support::unique("sites-condvar");
+        let cv = Condvar::named(&name);
+        let lock = Mutex::unobserved(());
+        let mut guard = lock.lock();
+        let line = line!() + 1;
+        assert!(cv.wait_for(&mut guard, Duration::from_millis(1)).timed_out());
+        assert_eq!(site_lines(&name, 1), vec![(condvar::op::WAIT, line)]);
+
+        let name = test_support::unique("sites-barrier");
+        let barrier = std::sync::Arc::new(Barrier::named(&name, 2));
+        let other = {
+            let barrier = std::sync::Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+            })
+        };
+        let line = line!() + 1;
+        let leader = barrier.wait().is_leader();
+        let helper_line = line - 5;
+        other.join().unwrap();
+        let expected = if leader { helper_line } else { line };
+        assert_eq!(site_lines(&name, 1), vec![(barrier::op::WAIT, expected)]);
+    }
+
     #[test]
     fn set_policy_word_only_reaches_live_instances() {
         test_support::init();
