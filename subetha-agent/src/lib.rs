@@ -28,9 +28,11 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod otlp;
+pub mod pprof;
 pub mod probes;
 pub mod registration;
 pub mod report;
+pub mod sites;
 pub mod top;
 
 pub use agent::{Agent, AgentConfig, AgentHandle, ProbeMode};

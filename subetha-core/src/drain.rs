@@ -357,7 +357,7 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     late: Vec<Observation>,
     /// Call sites resolved so far (entries are never rewritten by a sane
     /// producer, so a resolved id stays resolved).
-    sites: std::collections::HashMap<u16, Site>,
+    sites: parking_lot::Mutex<std::collections::HashMap<u16, Site>>,
 }
 
 /// Whether a refresh of an instance entry may mark a retired one for freeing
@@ -412,19 +412,20 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             totals: DrainTotals::default(),
             batch: Box::new([Observation::ZERO; BATCH]),
             late: Vec::new(),
-            sites: std::collections::HashMap::new(),
+            sites: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
     /// The call site `id` names in this segment's site table (validated as
     /// hostile input; see [`crate::site::read_site`]). Resolved ids are
     /// cached, so they stay resolvable after the process is gone.
-    pub fn resolve_site(&mut self, id: u16) -> Result<Site, SiteError> {
-        if let Some(site) = self.sites.get(&id) {
+    pub fn resolve_site(&self, id: u16) -> Result<Site, SiteError> {
+        let mut cache = self.sites.lock();
+        if let Some(site) = cache.get(&id) {
             return Ok(site.clone());
         }
         let site = crate::site::read_site(self.view.as_ref().sites(), id)?;
-        self.sites.insert(id, site.clone());
+        cache.insert(id, site.clone());
         Ok(site)
     }
 

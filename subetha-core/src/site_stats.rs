@@ -137,8 +137,18 @@ mod tests {
     #[test]
     fn waits_go_to_the_waiter_and_the_holder_rows() {
         let mut s = SiteStats::default();
-        s.record(&obs(1, Observation::FLAG_CONTENDED, 100, SiteWord::with_holder(3, 4)));
-        s.record(&obs(1, Observation::FLAG_CONTENDED, 300, SiteWord::with_holder(3, 0)));
+        s.record(&obs(
+            1,
+            Observation::FLAG_CONTENDED,
+            100,
+            SiteWord::with_holder(3, 4),
+        ));
+        s.record(&obs(
+            1,
+            Observation::FLAG_CONTENDED,
+            300,
+            SiteWord::with_holder(3, 0),
+        ));
         s.record(&obs(2, Observation::FLAG_MISS, 0, SiteWord::own(5)));
         let row = &s.waiters[&(1, 3)];
         assert_eq!((row.contended, row.misses, row.wait_ticks()), (2, 0, 400));
@@ -159,7 +169,12 @@ mod tests {
     fn rows_are_bounded_and_the_rest_counted() {
         let mut s = SiteStats::default();
         for site in 1..=(MAX_ROWS as u16 + 10) {
-            s.record(&obs(1, Observation::FLAG_CONTENDED, 5, SiteWord::with_holder(site, site)));
+            s.record(&obs(
+                1,
+                Observation::FLAG_CONTENDED,
+                5,
+                SiteWord::with_holder(site, site),
+            ));
         }
         assert_eq!(s.waiters.len(), MAX_ROWS);
         assert_eq!(s.holders.len(), MAX_ROWS);

@@ -114,10 +114,9 @@ mod tests {
         }
         holder.join().unwrap();
         let r = wait_for(&name, |r| {
-            r.sites
-                .waiters
-                .iter()
-                .any(|(&(op, id), row)| op == mutex::op::LOCK && site_line(id) == waiter_line && row.contended >= 5)
+            r.sites.waiters.iter().any(|(&(op, id), row)| {
+                op == mutex::op::LOCK && site_line(id) == waiter_line && row.contended >= 5
+            })
         });
         let (&(_, waiter), row) = r
             .sites
@@ -133,7 +132,11 @@ mod tests {
             .find(|((op, id), _)| *op == mutex::op::LOCK && *id != 0 && site_line(*id) == holder_line)
             .unwrap_or_else(|| panic!("no holder row for line {holder_line}: {:?}", r.sites));
         assert_eq!(charged.waits, 5, "{:?}", r.sites);
-        assert_eq!(charged.wait_ticks, row.wait_ticks(), "the same waits, charged to the holder");
+        assert_eq!(
+            charged.wait_ticks,
+            row.wait_ticks(),
+            "the same waits, charged to the holder"
+        );
         let ms = crate::clock::calibration().ticks_to_ns(row.wait_ticks()) / 1_000_000;
         assert!(ms >= 10, "five waits behind 3 ms holds: {ms} ms");
         assert_ne!(waiter, 0);

@@ -1110,7 +1110,12 @@ mod tests {
         r.sites
             .waiters
             .keys()
-            .map(|&(op, id)| (op, crate::site::read_site(segment.view().sites(), id).unwrap().line))
+            .map(|&(op, id)| {
+                (
+                    op,
+                    crate::site::read_site(segment.view().sites(), id).unwrap().line,
+                )
+            })
             .collect()
     }
 
@@ -1152,7 +1157,10 @@ mod tests {
         assert!(sem.try_acquire_for(Duration::from_millis(1)).is_none());
         assert_eq!(
             site_lines(&name, 2),
-            vec![(semaphore::op::TRY_ACQUIRE, line), (semaphore::op::TRY_ACQUIRE, line + 1)]
+            vec![
+                (semaphore::op::TRY_ACQUIRE, line),
+                (semaphore::op::TRY_ACQUIRE, line + 1)
+            ]
         );
 
         let name = test_support::unique("sites-channel");
