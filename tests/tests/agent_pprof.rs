@@ -129,13 +129,7 @@ fn profiles_name_the_holding_and_the_waiting_line_with_the_measured_waits() {
         );
         views.push((view, path, ranked(&profile)));
     }
-    let line_of = |frame: &str| -> u32 {
-        frame
-            .rsplitn(3, ':')
-            .nth(1)
-            .and_then(|l| l.parse().ok())
-            .unwrap_or(0)
-    };
+    let line_of = |frame: &str| -> u32 { frame.rsplit(':').nth(1).and_then(|l| l.parse().ok()).unwrap_or(0) };
     let (_, _, mutex) = &views[0];
     let (_, _, block) = &views[1];
     eprintln!(

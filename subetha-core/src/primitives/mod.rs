@@ -36,6 +36,15 @@
 //!   the primitive is dropped. Everything else (waits, misses, `try_*`s of
 //!   the locks, sampled holds, and the other primitives' operations) is one
 //!   observation per operation.
+//! * **Waits and misses carry their call site.** Every acquiring method is
+//!   `#[track_caller]`; an operation that waited or missed interns its
+//!   caller's `file:line:column` in the segment's site table and carries
+//!   the id in the observation's `_reserved` word ([`crate::site`]). A
+//!   `Mutex`/`AdaptiveMutex` wait also carries the site of the hold it
+//!   waited for, where that hold's site is known (see `holder`). Calls
+//!   through `lock_api` (`as_lock_api()`, guard methods such as
+//!   `RwLockUpgradableReadGuard::upgrade`, a `Condvar`'s relock) record
+//!   `lock_api`'s line instead. Uncontended paths never look at the site.
 //! * **Hold times are sampled**: 1 in 2^k acquisitions (k from the policy
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 256) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
