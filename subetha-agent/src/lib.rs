@@ -30,6 +30,7 @@ pub mod model;
 pub mod otlp;
 pub mod pprof;
 pub mod probes;
+pub mod profile;
 pub mod registration;
 pub mod report;
 pub mod sites;

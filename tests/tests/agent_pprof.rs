@@ -186,3 +186,53 @@ fn profiles_name_the_holding_and_the_waiting_line_with_the_measured_waits() {
     }
     workload.close();
 }
+
+#[test]
+fn the_profile_command_writes_the_windows_collapsed_stacks() {
+    let scratch = ScratchDir::new("agent-profile-cmd");
+    let mut workload = Workload::spawn(WORKLOAD, &["sites", "--holds", "100", "--hold-us", "1000"], &[]);
+    let pid = workload.pid().to_string();
+    let holder_line = workload.ready[2].clone();
+    let out = scratch.join("mutex.txt");
+    let mut profile = Command::new(agent_exe())
+        .args([
+            "profile",
+            "--pid",
+            &pid,
+            "--duration",
+            "4s",
+            "--discovery-interval",
+            "50ms",
+        ])
+        .args([
+            "--probes",
+            "off",
+            "--format",
+            "collapsed",
+            "--view",
+            "mutex",
+            "--out",
+        ])
+        .arg(&out)
+        .spawn()
+        .expect("start subetha-agent profile");
+    SegmentProbe::open(workload.pid()).wait_lease(profile.id(), "the profiler takes over");
+    workload.cmd("go");
+    let truth = workload.cmd("truth");
+    let waited_ns: f64 = truth[0].parse().unwrap();
+    let status = profile.wait().unwrap();
+    assert!(status.success(), "profile exited with {status}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    eprintln!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("subetha-workload.rs:{holder_line}:")))
+        .unwrap_or_else(|| panic!("no stack of the holder's line {holder_line}:\n{text}"));
+    assert!(line.starts_with("mutex_contention_demo;"), "{line}");
+    let ns: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        (ns - waited_ns).abs() / waited_ns <= 0.10,
+        "{ns} ns vs the workload's {waited_ns} ns"
+    );
+    workload.close();
+}

@@ -82,7 +82,7 @@ fn sites(opts: &Opts) {
     let word = subetha_core::PolicyWord::default().with_sample_every(1);
     assert!(subetha_core::primitives::set_policy_word(id, word));
     m.refresh_policy();
-    let (waiter_line, holder_line) = (line!() + 24, line!() + 12);
+    let (waiter_line, holder_line) = (line!() + 27, line!() + 15);
     reply(&format!(
         "ready {} {waiter_line} {holder_line}",
         std::process::id()
