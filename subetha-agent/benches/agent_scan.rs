@@ -169,6 +169,7 @@ impl Filler {
             start_time_ticks: process_start_time(pid),
             // SAFETY: getuid cannot fail.
             uid: Some(unsafe { libc::getuid() }),
+            pid_ns_inode: None,
         };
         let view = SegmentView::map_fd(file.as_fd(), &expect).expect("validate the child's segment");
         (Self { child, stdin, stdout }, view)

@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 use subetha_core::ObservationRing;
 use subetha_core::clock;
 use subetha_core::drain::{Drainer, ScanPacer, ScanReport};
-use subetha_core::lease::{TakeoverRequest, word_pid};
+use subetha_core::lease::{LeaseScope, TakeoverRequest, word_pid};
 use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
 use subetha_core::stats::LatencyHistogram;
@@ -53,11 +53,13 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
 use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
+use crate::container::{Identity, LabelFrom};
 use crate::discovery::{self, Candidate, ProcWalker};
 use crate::model::{
-    AgentInfo, AgentSnapshot, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport, ScanGap,
-    StormReport,
+    AgentInfo, AgentSnapshot, Buckets, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport,
+    ScanGap, StormReport,
 };
+use crate::pidns::{PidNamespace, TidMap};
 use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
@@ -91,6 +93,8 @@ pub struct AgentConfig {
     /// Whether to run the adaptive-mutex policy on the processes drained
     /// (see the [module docs](self)).
     pub adaptive_policy: bool,
+    /// Where processes' container labels come from.
+    pub label_from: LabelFrom,
 }
 
 /// `--probes auto|on|off`.
@@ -106,9 +110,9 @@ pub enum ProbeMode {
 }
 
 /// The longest pause between scans by default, reached while every ring
-/// stays below an eighth full. An idle agent's cost is mostly its wakeups:
-/// at 10 ms, 100 idle rings took 1.3% of a core on a 2-vCPU AMD EPYC VM
-/// (0.7% on an Intel Xeon one); at 20 ms, 0.65–0.7%. A ring that fills
+/// stays below an eighth full. An idle agent's cost is mostly its wakeups, and
+/// at 20 ms 100 idle rings stay within the 1%-of-a-core budget that
+/// `tests/tests/agent_idle_cpu.rs` checks. A ring that fills
 /// faster shortens the pause (see the module docs).
 pub const DEFAULT_MAX_SCAN_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -127,6 +131,7 @@ impl Default for AgentConfig {
             scanner_cpu: None,
             probes: ProbeMode::Auto,
             adaptive_policy: true,
+            label_from: LabelFrom::Cgroup,
         }
     }
 }
@@ -205,6 +210,12 @@ struct Tracked {
     /// (`clock::monotonic_ns()`, 0: never). See [`RESIDENT_REFRESH`].
     resident_bytes: AtomicU64,
     resident_at_ns: AtomicU64,
+    /// Its pid namespace.
+    ns: PidNamespace,
+    /// Maps its threads' ids to ours (a process in another pid namespace).
+    tids: Option<TidMap>,
+    /// Its container and service.
+    identity: Identity,
 }
 
 /// How long a measurement of a segment's resident bytes is reused.
@@ -609,8 +620,20 @@ impl State {
             next_policy_ns: 0,
             resident_bytes: AtomicU64::new(0),
             resident_at_ns: AtomicU64::new(0),
+            tids: opened.ns.foreign.then(|| TidMap::new(opened.pid)),
+            ns: opened.ns,
+            identity: Identity::of(opened.pid, self.config.label_from),
         };
-        tracing::info!(pid = tracked.pid, comm = %tracked.comm, "attached subetha segment");
+        if tracked.tids.is_some() {
+            tracked.drainer.set_foreign_tids();
+        }
+        tracing::info!(
+            pid = tracked.pid,
+            comm = %tracked.comm,
+            nspid = %tracked.ns.describe(),
+            container = tracked.identity.container_id.as_deref().unwrap_or("-"),
+            "attached subetha segment"
+        );
         if let Some(probes) = self.probes.as_mut()
             && let Err(error) = probes.attach_producer_process(tracked.pid)
             && let Some(permit) = crate::logging::throttle("drop-hook uprobes not attached", tracked.pid)
@@ -647,6 +670,7 @@ impl State {
                 }
             }
             let report = tracked.drainer.scan();
+            tracked.map_thread_ids();
             load.merge_load(&report);
             tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
@@ -1017,6 +1041,10 @@ impl State {
             let gaps = overlapping_gaps(&self.scans, episode.begin_mono_ns, episode.end_mono_ns);
             if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id) {
                 storm.end_mono_ns = episode.end_mono_ns;
+                if storm.tid == 0 {
+                    // A containerized thread mapped after the storm began.
+                    storm.tid = episode.os_tid;
+                }
                 storm.end_estimated = episode.end_estimated;
                 storm.dropped = episode.dropped;
                 storm.duration_ns = episode
@@ -1043,8 +1071,10 @@ impl State {
                 id,
                 pid: tracked.pid,
                 comm: tracked.comm.clone(),
+                container_id: tracked.identity.container_id.clone(),
                 slot: episode.slot,
                 tid: episode.os_tid,
+                ns_tid: episode.ns_tid,
                 thread_name: episode.thread_name.clone(),
                 begin_mono_ns: episode.begin_mono_ns,
                 end_mono_ns: episode.end_mono_ns,
@@ -1108,6 +1138,8 @@ impl State {
                 scan_interval_us: self.pacer.pause().as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
+                scan_duration_buckets: Buckets::from_histogram(&self.scan_durations, |v| v),
+                scan_gap_buckets: Buckets::from_histogram(&self.scan_gaps, |v| v),
                 probes: self.probes_note.clone(),
                 probe_events: self.probe_events_total,
                 probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
@@ -1130,6 +1162,29 @@ impl State {
 }
 
 impl Tracked {
+    /// Where the agent stands relative to the process's pid namespace (see
+    /// [`subetha_core::lease`]).
+    fn lease_scope(&self) -> LeaseScope {
+        if self.ns.foreign {
+            LeaseScope::Foreign {
+                owner_ns_pid: self.ns.own_pid(),
+                owner_host_pid: self.pid,
+            }
+        } else {
+            LeaseScope::Local
+        }
+    }
+
+    /// Gives the drainer's records of threads in another pid namespace our
+    /// thread ids.
+    fn map_thread_ids(&mut self) {
+        if let Some(tids) = self.tids.as_mut()
+            && self.drainer.has_unmapped_tids()
+        {
+            self.drainer.map_thread_ids(|ns_tid| tids.host_tid(ns_tid));
+        }
+    }
+
     fn try_take_lease(&mut self, timeout: Duration) {
         let view = Arc::clone(self.drainer_view());
         match std::mem::replace(&mut self.lease, Lease::Held) {
@@ -1174,7 +1229,7 @@ impl Tracked {
                     );
                     return;
                 }
-                match TakeoverRequest::raise(&view) {
+                match TakeoverRequest::raise_in(&view, self.lease_scope()) {
                     Ok(Ok(lease)) => self.drainer.set_lease(lease),
                     Ok(Err(request)) => {
                         self.lease = Lease::Requested(request, Instant::now());
@@ -1274,6 +1329,13 @@ impl Tracked {
         };
         ProcessReport {
             pid: self.pid,
+            nspid: self.ns.nspid.clone(),
+            pid_ns: self.ns.inode,
+            exe: self.identity.exe.clone(),
+            cgroup: self.identity.cgroup.clone(),
+            container_id: self.identity.container_id.clone(),
+            pod_uid: self.identity.pod_uid.clone(),
+            service: self.identity.service.clone(),
             comm: self.comm.clone(),
             uid: self.uid,
             state: state.into(),
@@ -1286,6 +1348,7 @@ impl Tracked {
             unattributed: self.drainer.totals().unattributed,
             drained: rings.iter().map(|r| r.drained).sum(),
             dropped: rings.iter().map(|r| r.dropped).sum(),
+            episodes: self.drainer.totals().episodes,
             storms: self.storms_begun,
             storm_causes: BTreeMap::new(),
             rings,

@@ -34,6 +34,7 @@ use clap::parser::ValueSource;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::agent::{AgentConfig, ProbeMode};
+use crate::container::LabelFrom;
 use crate::logging::LogFormat;
 
 /// The config file read when `--config` is not given (if it exists).
@@ -164,6 +165,16 @@ pub struct RunArgs {
     /// Period of the OTLP export.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub otlp_interval: Duration,
+    /// Ring counters on /metrics per thread (labels slot, tid, thread)
+    /// instead of per process: costly, every thread that ever held a ring
+    /// slot adds series, so thread churn grows a scraper's series without
+    /// bound. The JSON API, top and storms always have per-thread detail.
+    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    pub metrics_per_thread: Switch,
+    /// Where processes' container labels come from: cgroup (container id
+    /// and Kubernetes pod uid from /proc/<pid>/cgroup) or none.
+    #[arg(long, value_enum, default_value_t = LabelFrom::Cgroup)]
+    pub label_from: LabelFrom,
 }
 
 /// A duration written as a humantime string (`"10ms"`) in the file.
@@ -234,6 +245,10 @@ pub struct FileConfig {
     pub otlp_interval: Option<HumanDuration>,
     /// `--log-format`.
     pub log_format: Option<LogFormat>,
+    /// `--metrics-per-thread`.
+    pub metrics_per_thread: Option<Switch>,
+    /// `--label-from`.
+    pub label_from: Option<LabelFrom>,
 }
 
 impl FileConfig {
@@ -299,6 +314,10 @@ pub struct RunSettings {
     pub probes: Probes,
     /// The adaptive-mutex policy.
     pub adaptive_policy: Switch,
+    /// Ring counters per thread on /metrics.
+    pub metrics_per_thread: Switch,
+    /// Where container labels come from.
+    pub label_from: LabelFrom,
     /// Registration socket path (None with `no_socket`: the default path).
     pub socket: Option<PathBuf>,
     /// No registration socket.
@@ -382,6 +401,8 @@ impl RunSettings {
             scanner_cpu: pick!(scanner_cpu, scan.scanner_cpu, Some),
             probes: pick!(probes, scan.probes, identity),
             adaptive_policy: pick!(adaptive_policy, args.adaptive_policy, identity),
+            metrics_per_thread: pick!(metrics_per_thread, args.metrics_per_thread, identity),
+            label_from: pick!(label_from, args.label_from, identity),
             socket: pick!(socket, args.socket.clone(), Some),
             no_socket: pick!(no_socket, args.no_socket, identity),
             export_jsonl: pick!(export_jsonl, args.export_jsonl.clone(), Some),
@@ -465,6 +486,13 @@ impl RunSettings {
         Ok(())
     }
 
+    /// What `/metrics` serves beyond the default.
+    pub fn metrics_options(&self) -> crate::metrics::MetricsOptions {
+        crate::metrics::MetricsOptions {
+            per_thread: self.metrics_per_thread == Switch::On,
+        }
+    }
+
     /// The scan thread's configuration.
     pub fn agent_config(&self) -> AgentConfig {
         AgentConfig {
@@ -476,6 +504,7 @@ impl RunSettings {
             scanner_cpu: self.scanner_cpu,
             probes: self.probes.into(),
             adaptive_policy: self.adaptive_policy == Switch::On,
+            label_from: self.label_from,
             registration_socket: (!self.no_socket).then(|| {
                 self.socket
                     .clone()
@@ -499,6 +528,8 @@ impl RunSettings {
             scanner_cpu: self.scanner_cpu,
             probes: Some(self.probes),
             adaptive_policy: Some(self.adaptive_policy),
+            metrics_per_thread: Some(self.metrics_per_thread),
+            label_from: Some(self.label_from),
             socket: self.socket.clone(),
             no_socket: Some(self.no_socket),
             export_jsonl: self.export_jsonl.clone(),
@@ -546,6 +577,8 @@ impl FileConfig {
         "otlp_endpoint",
         "otlp_interval",
         "log_format",
+        "metrics_per_thread",
+        "label_from",
     ];
 }
 
@@ -644,6 +677,8 @@ mod tests {
             otlp_endpoint = "http://127.0.0.1:4318/v1/metrics"
             otlp_interval = "4s"
             log_format = "json"
+            metrics_per_thread = "on"
+            label_from = "none"
         "#;
         let settings = resolve(&[], Some(text)).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:1234".parse().unwrap());
@@ -666,6 +701,9 @@ mod tests {
         );
         assert_eq!(settings.otlp_interval, Duration::from_secs(4));
         assert_eq!(settings.log_format, LogFormat::Json);
+        assert_eq!(settings.metrics_per_thread, Switch::On);
+        assert!(settings.metrics_options().per_thread);
+        assert_eq!(settings.agent_config().label_from, LabelFrom::None);
         for key in FileConfig::KEYS {
             assert_eq!(settings.origin(key), &Origin::File, "{key}");
         }

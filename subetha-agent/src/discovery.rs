@@ -7,6 +7,13 @@
 //! cannot be confused with it), checks that the file's owner is the
 //! process's owner, and lets [`SegmentView::map_fd`] validate the header
 //! against the pid, its start time and its uid.
+//!
+//! A process in a container created its segment with the ids of its own
+//! namespaces: the header is checked against the pid the process has in
+//! its own pid namespace (the last `NSpid:` entry), that namespace's inode,
+//! and the uid its user namespace maps the owner's uid to ([`crate::pidns`]).
+//! A header that disagrees with any of them is refused with the check
+//! named ([`AttachError::Identity`]).
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -19,6 +26,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use subetha_core::segment::{Expectations, MEMFD_NAME, SegmentError, SegmentView, process_start_time};
+
+use crate::pidns::{PidNamespace, UidMap};
 
 /// A descriptor in some process that looks like a subetha segment.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -166,6 +175,15 @@ pub enum AttachError {
     /// The segment failed validation.
     #[error(transparent)]
     Invalid(#[from] SegmentError),
+    /// The header's identity disagrees with the process's: `check` names
+    /// which (`pid`, `pid namespace`, `start time`, `uid`).
+    #[error("{check} check failed: {detail}")]
+    Identity {
+        /// The check.
+        check: &'static str,
+        /// What the header said and what the process is.
+        detail: String,
+    },
     /// A system call failed.
     #[error("{0}: {1}")]
     Os(&'static str, std::io::Error),
@@ -186,6 +204,8 @@ pub struct OpenedSegment {
     pub uid: u32,
     /// Its command name, sanitised.
     pub comm: String,
+    /// Its pid namespace.
+    pub ns: PidNamespace,
 }
 
 /// Opens and validates a candidate; see the module docs.
@@ -219,13 +239,21 @@ pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, At
             process_uid: uid,
         });
     }
+    let ns = PidNamespace::of(pid).ok_or(AttachError::Gone(pid))?;
+    let uid_map = UidMap::of(pid);
+    let ns_uid = uid_map.to_inside(uid).ok_or_else(|| AttachError::Identity {
+        check: "uid",
+        detail: format!("process uid {uid} is not mapped into its user namespace"),
+    })?;
     let expect = Expectations {
-        pid: Some(pid),
+        pid: Some(ns.own_pid()),
         start_time_ticks: Some(start_time_ticks),
-        uid: Some(uid),
+        uid: Some(ns_uid),
+        pid_ns_inode: Some(ns.inode),
     };
-    let view = SegmentView::map_fd(file.as_fd(), &expect)?;
-    if process_start_time(pid) != Some(start_time_ticks) {
+    let view =
+        SegmentView::map_fd(file.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
+    if process_start_time(pid) != Some(start_time_ticks) || PidNamespace::of(pid).as_ref() != Some(&ns) {
         return Err(AttachError::Gone(pid));
     }
     Ok(OpenedSegment {
@@ -235,7 +263,46 @@ pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, At
         start_time_ticks,
         uid,
         comm: process_comm(pid),
+        ns,
     })
+}
+
+/// Names the failed check of an identity mismatch, with the namespace ids
+/// that explain it; other validation errors pass through.
+fn identity_error(error: SegmentError, pid: u32, ns: &PidNamespace, uid: u32, ns_uid: u32) -> AttachError {
+    // Where the process's own ids come from, for a process in a container.
+    let nested = ns.nspid.len() > 1;
+    let where_ = format!("pid namespace {} (NSpid {})", ns.inode, ns.describe());
+    let (check, detail) = match error {
+        SegmentError::PidMismatch { found, expected } if nested => (
+            "pid",
+            format!("segment claims pid {found}, but pid {pid} is pid {expected} in its {where_}"),
+        ),
+        SegmentError::PidMismatch { found, expected } => (
+            "pid",
+            format!("segment claims pid {found}, found in pid {expected}"),
+        ),
+        SegmentError::PidNamespaceMismatch { found, .. } => (
+            "pid namespace",
+            format!("segment claims pid namespace {found}, pid {pid} lives in {where_}"),
+        ),
+        SegmentError::StartTimeMismatch { found, expected } => (
+            "start time",
+            format!("segment's process start time {found} differs from pid {pid}'s {expected} (pid reused?)"),
+        ),
+        SegmentError::UidMismatch { found, .. } if ns_uid != uid => (
+            "uid",
+            format!(
+                "segment claims uid {found}, process is uid {ns_uid} in its user namespace (uid {uid} here)"
+            ),
+        ),
+        SegmentError::UidMismatch { found, expected } => (
+            "uid",
+            format!("segment claims uid {found}, process belongs to uid {expected}"),
+        ),
+        other => return AttachError::Invalid(other),
+    };
+    AttachError::Identity { check, detail }
 }
 
 /// `pidfd_open(pid, 0)`.

@@ -34,7 +34,7 @@ use axum::routing::get;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{self, Format};
+use crate::metrics::{self, Format, MetricsOptions};
 use crate::model::{AgentSnapshot, InstanceReport, ProcessReport, StormDetail, StormReport};
 
 /// Where the server gets the latest snapshot.
@@ -51,7 +51,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The source, taken away when [`serve`] returns so connections that outlive
 /// it hold no reference to what the source captured.
 #[derive(Clone)]
-struct AppState(Arc<RwLock<Option<SnapshotSource>>>);
+struct AppState(Arc<RwLock<Option<SnapshotSource>>>, MetricsOptions);
 
 impl AppState {
     fn snapshot(&self) -> Result<Arc<AgentSnapshot>, ApiError> {
@@ -81,7 +81,10 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The router serving every endpoint from `source`.
 pub fn router(source: SnapshotSource) -> Router {
-    router_with_state(AppState(Arc::new(RwLock::new(Some(source)))))
+    router_with_state(AppState(
+        Arc::new(RwLock::new(Some(source))),
+        MetricsOptions::default(),
+    ))
 }
 
 fn router_with_state(state: AppState) -> Router {
@@ -109,16 +112,27 @@ pub async fn serve(
     source: SnapshotSource,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_with_grace(listener, source, shutdown, SHUTDOWN_GRACE).await
+    serve_with(listener, source, MetricsOptions::default(), shutdown).await
+}
+
+/// [`serve`], `/metrics` rendered with `options`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    source: SnapshotSource,
+    options: MetricsOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    serve_with_grace(listener, source, options, shutdown, SHUTDOWN_GRACE).await
 }
 
 async fn serve_with_grace(
     listener: tokio::net::TcpListener,
     source: SnapshotSource,
+    options: MetricsOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let state = AppState(Arc::new(RwLock::new(Some(source))));
+    let state = AppState(Arc::new(RwLock::new(Some(source))), options);
     let app = router_with_state(state.clone());
     let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
     let signal = async move {
@@ -170,7 +184,7 @@ async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> A
     let snapshot = state.snapshot()?;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = Format::negotiate(accept);
-    let body = metrics::render(&snapshot, format)
+    let body = metrics::render_with(&snapshot, format, state.1)
         .map_err(|_| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics".into()))?;
     Ok((
         [(
@@ -616,6 +630,7 @@ mod tests {
         let server = tokio::spawn(serve_with_grace(
             listener,
             source,
+            MetricsOptions::default(),
             async move {
                 let _ = stop_rx.await;
             },

@@ -6,6 +6,8 @@
 //! operators what their primitives do and where observations were lost.
 //!
 //! * [`discovery`] — finding segments in `/proc` and opening them safely.
+//! * [`pidns`] — a process's ids in its own pid and user namespaces.
+//! * [`container`] — the container, pod and service a process belongs to.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
 //! * [`cause`] — why a storm happened, from kernel or /proc evidence.
 //! * [`registration`] — the socket applications announce segments on.
@@ -20,6 +22,7 @@ pub mod agent;
 pub mod cause;
 pub mod client;
 pub mod config;
+pub mod container;
 pub mod discovery;
 pub mod doctor;
 pub mod export;
@@ -28,6 +31,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod otlp;
+pub mod pidns;
 pub mod pprof;
 pub mod probes;
 pub mod profile;

@@ -382,12 +382,17 @@ fn run(settings: RunSettings) -> Result<()> {
     };
     runtime.block_on(async {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(http::serve(listener, Arc::clone(&source), {
-            let mut stop_rx = stop_rx.clone();
-            async move {
-                let _ = stop_rx.changed().await;
-            }
-        }));
+        let server = tokio::spawn(http::serve_with(
+            listener,
+            Arc::clone(&source),
+            settings.metrics_options(),
+            {
+                let mut stop_rx = stop_rx.clone();
+                async move {
+                    let _ = stop_rx.changed().await;
+                }
+            },
+        ));
         // The listener is bound (connections queue from now on) and the
         // scan thread runs: ready.
         service.ready();
@@ -493,6 +498,9 @@ fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
                 p.lost_no_ring,
                 p.note.as_deref().map(|n| format!(" — {n}")).unwrap_or_default()
             );
+            if let Some(identity) = identity_line(p) {
+                println!("  {identity}");
+            }
             println!(
                 "  {:<24} {:<10} {:>12} {:>10} {:>10} {:>10} {:>10}",
                 "instance", "kind", "ops", "contended", "misses", "p50 ns", "p99 ns"
@@ -519,10 +527,14 @@ fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
     for s in snapshot.storms.iter().rev() {
         let duration = s.duration_ns as f64 / 1e6;
         println!(
-            "  #{} pid {} ({}) thread {} [{}] slot {}: {} dropped over {:.3} ms{}; first instance {}; longest scan gap {:.3} ms",
+            "  #{} pid {} ({}{}) thread {} [{}] slot {}: {} dropped over {:.3} ms{}; first instance {}; longest scan gap {:.3} ms",
             s.id,
             s.pid,
             s.comm,
+            s.container_id
+                .as_deref()
+                .map(|id| format!(", container {}", short_id(id)))
+                .unwrap_or_default(),
             s.tid,
             s.thread_name,
             s.slot,
@@ -539,6 +551,36 @@ fn print_summary(snapshot: &AgentSnapshot, storms_only: bool) {
             }
         }
     }
+}
+
+/// `service … · container … · pod … · cgroup … · pid N in its namespace`,
+/// the parts that are known; None for a plain host process without a
+/// service name.
+fn identity_line(p: &subetha_agent::model::ProcessReport) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(service) = &p.service {
+        parts.push(format!("service {service}"));
+    }
+    if let Some(id) = &p.container_id {
+        parts.push(format!("container {}", short_id(id)));
+    }
+    if let Some(uid) = &p.pod_uid {
+        parts.push(format!("pod {uid}"));
+    }
+    if p.container_id.is_some() && !p.cgroup.is_empty() {
+        parts.push(format!("cgroup {}", p.cgroup));
+    }
+    if p.nspid.len() > 1
+        && let Some(own) = p.nspid.last()
+    {
+        parts.push(format!("pid {own} in its namespace"));
+    }
+    (!parts.is_empty()).then(|| parts.join(" · "))
+}
+
+/// A container id as `docker ps` shows it (12 digits).
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
 }
 
 fn truncate(text: &str, width: usize) -> String {

@@ -19,34 +19,41 @@
 //! are labels of one family (`subetha_processes{state}`,
 //! `subetha_storms_total{cause}`), never part of a name; facts about a
 //! thing that are not numbers are `_info` series. Labels: `pid`, `comm` on
-//! everything about a process; `slot`, `tid`, `thread` for a ring;
-//! `instance_id`, `instance_name`, `kind` for an instance, `op` for its op
-//! kind. The per-ring counters sum to the process's totals (`sum by (pid)`);
-//! the example alerts and dashboard in `contrib/` are built on these names
-//! and a test fails when one of theirs is not served.
+//! everything about a process (its container identity is on
+//! `subetha_process_info`, to join on); `instance_id`, `instance_name`,
+//! `kind` for an instance, `op` for its op kind. The example alerts and
+//! dashboard in `contrib/` are built on these names and a test fails when
+//! one of theirs is not served.
 //!
-//! [`crate::otlp`] exports the same series (through `views` and the
+//! # Bounded series
+//!
+//! A fleet's Prometheus must not grow with its applications' threads, so
+//! nothing is labelled by thread or ring slot by default: the ring counters
+//! (`subetha_observations_drained_total`, `_dropped_total`,
+//! `subetha_drop_episodes_total`) are per process. Per-thread detail is in
+//! the JSON API, `top` and storms. [`MetricsOptions::per_thread`]
+//! (`--metrics-per-thread on`) brings back one series per ring slot with
+//! `slot`, `tid` and `thread`, at the cost of a series per thread that ever
+//! held a slot. Series of an exited process go when its retention ends (it
+//! leaves the snapshot). `tests/tests/agent_cardinality.rs` holds the count
+//! under thread churn to the bound the README states.
+//!
+//! [`crate::otlp`] exports the same facts (through `views` and the
 //! `ProcessView` label helpers) over OTLP.
 //!
-//! # Summaries, not histograms
+//! # Histograms
 //!
-//! Latency and scan timing are summaries, deliberately. The snapshot every
-//! output is rendered from carries quantiles (p50/p90/p99/p99.9 and the
-//! exact maximum), computed per instance and op from the agent's
-//! log-bucketed histograms in TSC ticks, converted with each process's own
-//! calibration; bucket counts are not in the model, and re-bucketing ticks
-//! of differently calibrated processes onto one fixed set of second
-//! boundaries would lose the precision the quantiles have. The usual case
-//! for histograms — aggregating across series — does not arise: each
-//! series is one instance's op kind, read on its own. `prometheus-client`
-//! has no summary type, so the three summary families
-//! (`subetha_scan_duration_seconds`, `subetha_scan_gap_seconds`,
-//! `subetha_instance_latency_seconds`) are written by this module after the
-//! collector's families, with the same label escaping. They carry
-//! `quantile="0.5|0.9|0.99|0.999"` and `_count`, but no `_sum`: the model has
-//! no sum, and both formats allow a summary without one (promlint forbids a
-//! `quantile` label on a gauge, so quantile gauges were not an option). The
-//! exact maximum of each is a separate gauge (`…_max_seconds`).
+//! Latency and scan timing are classic histograms on one fixed layout,
+//! [`BUCKET_BOUNDS_NS`] (100 ns to 10 s, 1 and 3 per decade, in seconds as
+//! `le`), with `_sum` and `_count`, so that they aggregate across instances,
+//! processes and hosts (`histogram_quantile(0.99, sum by (le) (rate(…_bucket[5m])))`),
+//! which quantiles cannot. The agent's own log-linear histograms (about 3%
+//! wide buckets, in TSC ticks converted with each process's calibration)
+//! are re-bucketed onto the layout in the model ([`Buckets`]); the exact
+//! quantiles stay in the JSON API and the exact maximum is a gauge
+//! (`…_max_seconds`). Families: `subetha_scan_duration_seconds`,
+//! `subetha_scan_gap_seconds`, `subetha_instance_latency_seconds` (20
+//! series per op kind with samples).
 //!
 //! # Label names
 //!
@@ -56,20 +63,22 @@
 //! process that share a name apart.
 
 use std::collections::HashSet;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelValue, EncodeMetric,
-    LabelValueEncoder, prometheus_text, text,
+    LabelValueEncoder, MetricEncoder, NoLabelSet, prometheus_text, text,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::model::{AgentSnapshot, InstanceReport, OpReport, ProcessReport, Quantiles, RingReport};
+use crate::model::{
+    AgentSnapshot, BUCKET_BOUNDS_NS, Buckets, InstanceReport, OpReport, ProcessReport, RingReport,
+};
 
 /// `Content-Type` of the OpenMetrics text format.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -132,16 +141,36 @@ impl Format {
     }
 }
 
-/// Renders `snapshot` in `format`.
+/// What the exports include beyond the bounded default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsOptions {
+    /// The ring counters (`subetha_observations_drained`, `_dropped`,
+    /// `subetha_drop_episodes`) per ring slot, labelled `slot`, `tid` and
+    /// `thread`, instead of one series per process: `--metrics-per-thread`.
+    /// Costly: every thread that ever held a slot adds a series until its
+    /// process leaves the snapshot, so thread churn grows a scraper's
+    /// series without bound.
+    pub per_thread: bool,
+}
+
+/// Renders `snapshot` in `format` with the default (per-process) series.
 pub fn render(snapshot: &Arc<AgentSnapshot>, format: Format) -> Result<String, fmt::Error> {
+    render_with(snapshot, format, MetricsOptions::default())
+}
+
+/// Renders `snapshot` in `format` with `options`.
+pub fn render_with(
+    snapshot: &Arc<AgentSnapshot>,
+    format: Format,
+    options: MetricsOptions,
+) -> Result<String, fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot))));
+    registry.register_collector(Box::new(SnapshotCollector(Arc::clone(snapshot), options)));
     let mut out = String::with_capacity(16 * 1024);
     match format {
         Format::OpenMetrics => text::encode_registry(&mut out, &registry)?,
         Format::PrometheusText => prometheus_text::encode(&mut out, &registry)?,
     }
-    write_summaries(&mut out, snapshot, format)?;
     if format == Format::OpenMetrics {
         text::encode_eof(&mut out)?;
     }
@@ -219,6 +248,26 @@ impl<'a> ProcessView<'a> {
             let count = self.rings.iter().filter(|r| r.state == *state).count() as u64;
             (labels, count)
         })
+    }
+
+    /// One ring counter: per ring slot (`per_thread`, ring labels) or the
+    /// process's total (its labels). `total` is the process-wide value
+    /// where the sum over rings would not be monotonic.
+    pub(crate) fn ring_counter(
+        &self,
+        options: MetricsOptions,
+        value: fn(&RingReport) -> u64,
+        total: Option<u64>,
+    ) -> Vec<(Labels<'a>, u64)> {
+        if options.per_thread {
+            self.rings
+                .iter()
+                .map(|r| (self.ring_labels(r), value(r)))
+                .collect()
+        } else {
+            let sum = total.unwrap_or_else(|| self.rings.iter().map(|r| value(r)).sum());
+            vec![(self.labels(), sum)]
+        }
     }
 
     /// Ring slots whose indices were impossible.
@@ -375,13 +424,55 @@ fn info<'a>(
     Ok(())
 }
 
+/// A histogram on [`BUCKET_BOUNDS_NS`] from a snapshot's [`Buckets`], in
+/// seconds.
+#[derive(Debug)]
+struct ConstHistogram<'a>(&'a Buckets);
+
+impl EncodeMetric for ConstHistogram<'_> {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let buckets: Vec<(f64, u64)> = BUCKET_BOUNDS_NS
+            .iter()
+            .map(|&bound| seconds(bound))
+            .chain([f64::INFINITY])
+            .enumerate()
+            .map(|(i, bound)| (bound, self.0.counts.get(i).copied().unwrap_or(0)))
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(seconds(self.0.sum_ns), self.0.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Writes a histogram family in seconds (`name` without `_seconds`);
+/// nothing when empty.
+fn histogram<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels<'a>, &'a Buckets)>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut metric = encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+    for (labels, buckets) in series {
+        ConstHistogram(buckets).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// The counter and gauge families of one snapshot.
 #[derive(Debug)]
-struct SnapshotCollector(Arc<AgentSnapshot>);
+struct SnapshotCollector(Arc<AgentSnapshot>, MetricsOptions);
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let snapshot = &*self.0;
+        let options = self.1;
         let agent = &snapshot.agent;
         let views = views(snapshot);
         let e = &mut encoder;
@@ -460,9 +551,21 @@ impl Collector for SnapshotCollector {
             "subetha_process",
             "An instrumented process the agent knows, with its owner and state.",
             views.iter().map(|v| {
+                let process = v.process;
                 let mut labels = v.labels();
-                labels.push(("uid", Value::Num(v.process.uid.into())));
-                labels.push(("state", Value::Str(&v.process.state)));
+                labels.push(("uid", Value::Num(process.uid.into())));
+                labels.push(("state", Value::Str(&process.state)));
+                // Container identity: here only, to join on (`* on (pid)
+                // group_left (container_id) subetha_process_info`).
+                for (key, value) in [
+                    ("service", process.service.as_deref()),
+                    ("container_id", process.container_id.as_deref()),
+                    ("pod_uid", process.pod_uid.as_deref()),
+                ] {
+                    if let Some(value) = value {
+                        labels.push((key, Value::Str(value)));
+                    }
+                }
                 labels
             }),
         )?;
@@ -509,28 +612,34 @@ impl Collector for SnapshotCollector {
             None,
             views.iter().map(|v| (v.labels(), v.corrupt_rings())),
         )?;
-        let rings = || {
-            views
-                .iter()
-                .flat_map(|v| v.rings.iter().map(move |r| (v.ring_labels(r), *r)))
+        let per = if options.per_thread {
+            "ring slot"
+        } else {
+            "process"
         };
         counter(
             e,
             "subetha_observations_drained",
-            "Observations drained from the ring slot over its life, by any consumer.",
-            rings().map(|(l, r)| (l, r.drained)),
+            &format!("Observations drained from the {per}'s rings, by any consumer."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.drained, None)),
         )?;
         counter(
             e,
             "subetha_observations_dropped",
-            "Observations dropped because the ring slot was full, over its life.",
-            rings().map(|(l, r)| (l, r.dropped)),
+            &format!("Observations dropped because a ring of the {per} was full."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.dropped, None)),
         )?;
         counter(
             e,
             "subetha_drop_episodes",
-            "Drop episodes (runs of consecutive drops) seen on the ring slot by this agent.",
-            rings().map(|(l, r)| (l, r.episodes)),
+            &format!("Drop episodes (runs of consecutive drops) seen on the {per}'s rings by this agent."),
+            views
+                .iter()
+                .flat_map(|v| v.ring_counter(options, |r| r.episodes, Some(v.process.episodes))),
         )?;
 
         let ops = || views.iter().flat_map(ProcessView::ops);
@@ -597,111 +706,45 @@ impl Collector for SnapshotCollector {
             "Drop storms of the process still going on.",
             None,
             views.iter().map(|v| (v.labels(), v.open_storms(snapshot))),
+        )?;
+
+        histogram(
+            e,
+            "subetha_scan_duration",
+            "Duration of one scan of all attached segments.",
+            [(vec![], &agent.scan_duration_buckets)],
+        )?;
+        histogram(
+            e,
+            "subetha_scan_gap",
+            "Gap between the end of a scan and the start of the next.",
+            [(vec![], &agent.scan_gap_buckets)],
+        )?;
+        histogram(
+            e,
+            "subetha_instance_latency",
+            "Measured operation latency on the instance (contended and sampled paths), by op kind.",
+            ops()
+                .filter(|(_, _, op)| op.latency_buckets.count > 0)
+                .map(|(labels, _, op)| (labels, &op.latency_buckets)),
         )
     }
-}
-
-/// Escapes a label value for both text formats.
-fn write_label_value(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
-fn write_labels(out: &mut String, labels: &Labels<'_>, quantile: Option<&str>) {
-    let extra = quantile.map(|q| ("quantile", Value::Str(q)));
-    let mut first = true;
-    for (key, value) in labels.iter().copied().chain(extra) {
-        out.push(if first { '{' } else { ',' });
-        first = false;
-        out.push_str(key);
-        out.push_str("=\"");
-        match value {
-            Value::Str(s) => write_label_value(out, s),
-            Value::Num(n) => {
-                let _ = write!(out, "{n}");
-            }
-        }
-        out.push('"');
-    }
-    if !first {
-        out.push('}');
-    }
-}
-
-/// Writes a summary family of quantiles in ns as seconds (quantile lines
-/// only for series with samples); nothing when empty.
-fn summary<'a>(
-    out: &mut String,
-    format: Format,
-    name: &str,
-    help: &str,
-    series: impl IntoIterator<Item = (Labels<'a>, Quantiles)>,
-) -> fmt::Result {
-    let mut series = series.into_iter().peekable();
-    if series.peek().is_none() {
-        return Ok(());
-    }
-    writeln!(out, "# HELP {name} {help}")?;
-    writeln!(out, "# TYPE {name} summary")?;
-    if format == Format::OpenMetrics {
-        writeln!(out, "# UNIT {name} seconds")?;
-    }
-    for (labels, q) in series {
-        if q.count > 0 {
-            for (quantile, ns) in [("0.5", q.p50), ("0.9", q.p90), ("0.99", q.p99), ("0.999", q.p999)] {
-                out.push_str(name);
-                write_labels(out, &labels, Some(quantile));
-                writeln!(out, " {}", seconds(ns))?;
-            }
-        }
-        out.push_str(name);
-        out.push_str("_count");
-        write_labels(out, &labels, None);
-        writeln!(out, " {}", q.count)?;
-    }
-    Ok(())
-}
-
-fn write_summaries(out: &mut String, snapshot: &AgentSnapshot, format: Format) -> fmt::Result {
-    let agent = &snapshot.agent;
-    summary(
-        out,
-        format,
-        "subetha_scan_duration_seconds",
-        "Duration of one scan of all attached segments.",
-        [(vec![], agent.scan_duration_ns)],
-    )?;
-    summary(
-        out,
-        format,
-        "subetha_scan_gap_seconds",
-        "Gap between the end of a scan and the start of the next.",
-        [(vec![], agent.scan_gap_ns)],
-    )?;
-    let views = views(snapshot);
-    summary(
-        out,
-        format,
-        "subetha_instance_latency_seconds",
-        "Measured operation latency on the instance (contended and sampled paths), by op kind.",
-        views
-            .iter()
-            .flat_map(ProcessView::ops)
-            .filter(|(_, _, op)| op.latency_ns.count > 0)
-            .map(|(labels, _, op)| (labels, op.latency_ns)),
-    )
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{AgentInfo, StormReport};
+    use crate::model::{AgentInfo, Quantiles, StormReport};
+    use subetha_core::stats::LatencyHistogram;
+
+    /// The export buckets of `values` (ns).
+    fn b(values: &[(u64, u64)]) -> Buckets {
+        let mut histogram = LatencyHistogram::new();
+        for &(value, n) in values {
+            histogram.record_n(value, n);
+        }
+        Buckets::from_histogram(&histogram, |v| v)
+    }
 
     fn q(count: u64, base_ns: u64) -> Quantiles {
         Quantiles {
@@ -725,6 +768,8 @@ pub(crate) mod tests {
                 scan_interval_us: 500,
                 scan_duration_ns: q(1234, 20_000),
                 scan_gap_ns: q(1233, 500_000),
+                scan_duration_buckets: b(&[(8_000, 1000), (50_000, 234)]),
+                scan_gap_buckets: b(&[(500_000, 1233)]),
                 probes: "off".into(),
                 probe_events: 0,
                 probe_losses: 0,
@@ -744,6 +789,15 @@ pub(crate) mod tests {
                 unattributed: 1,
                 drained: 1500,
                 dropped: 40,
+                episodes: 2,
+                nspid: vec![4242, 1],
+                pid_ns: 4026532511,
+                exe: "app-server".into(),
+                cgroup: "/system.slice/docker-4f1c6b0f2a6f9a1e5f3d1c2b3a4958677a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d.scope"
+                    .into(),
+                container_id: Some("4f1c6b0f2a6f9a1e5f3d1c2b3a4958677a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d".into()),
+                pod_uid: None,
+                service: Some("checkout".into()),
                 storms: 2,
                 storm_causes: [("producer_burst".to_string(), 1)].into(),
                 rings: vec![
@@ -752,6 +806,7 @@ pub(crate) mod tests {
                         state: "active".into(),
                         generation: 1,
                         tid: 4242,
+                        ns_tid: 4242,
                         thread_name: "main".into(),
                         drained: 1000,
                         dropped: 0,
@@ -763,6 +818,7 @@ pub(crate) mod tests {
                         state: "active".into(),
                         generation: 1,
                         tid: 4243,
+                        ns_tid: 4243,
                         thread_name: "worker-1".into(),
                         drained: 500,
                         dropped: 40,
@@ -786,6 +842,7 @@ pub(crate) mod tests {
                             contended: 10,
                             misses: 0,
                             latency_ns: q(10, 1000),
+                            latency_buckets: b(&[(800, 5), (2_000, 4), (9_000, 1)]),
                             threads: 2,
                         }],
                         ..Default::default()
@@ -826,6 +883,7 @@ pub(crate) mod tests {
                     comm: "app".into(),
                     slot: 1,
                     tid: 4243,
+                    ns_tid: 4243,
                     thread_name: "worker-1".into(),
                     begin_mono_ns: 100,
                     end_mono_ns: Some(200),
@@ -839,6 +897,7 @@ pub(crate) mod tests {
                     comm: "app".into(),
                     slot: 1,
                     tid: 4243,
+                    ns_tid: 4243,
                     thread_name: "worker-1".into(),
                     begin_mono_ns: 300,
                     dropped: 10,
@@ -887,7 +946,9 @@ pub(crate) mod tests {
             "subetha_processes{state=\"attached\"} 1".into(),
             "subetha_processes{state=\"waiting\"} 0".into(),
             "subetha_processes{state=\"exited\"} 0".into(),
-            "subetha_process_info{pid=\"4242\",comm=\"app\",uid=\"1000\",state=\"attached\"} 1".into(),
+            "subetha_process_info{pid=\"4242\",comm=\"app\",uid=\"1000\",state=\"attached\",service=\"checkout\",\
+             container_id=\"4f1c6b0f2a6f9a1e5f3d1c2b3a4958677a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d\"} 1"
+                .into(),
             "# TYPE subetha_segment_resident_bytes gauge".into(),
             "subetha_segment_resident_bytes{pid=\"4242\",comm=\"app\"} 65536".into(),
             "subetha_segment_size_bytes{pid=\"4242\",comm=\"app\"} 1048576".into(),
@@ -896,14 +957,11 @@ pub(crate) mod tests {
             "subetha_rings{pid=\"4242\",comm=\"app\",state=\"active\"} 2".into(),
             "subetha_rings{pid=\"4242\",comm=\"app\",state=\"free\"} 0".into(),
             "subetha_rings_corrupt{pid=\"4242\",comm=\"app\"} 0".into(),
+            // Ring counters per process by default: the rings' sums.
             "# TYPE subetha_observations_drained_total counter".into(),
-            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"0\",tid=\"4242\",thread=\"main\"} 1000"
-                .into(),
-            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 500"
-                .into(),
-            "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 40"
-                .into(),
-            "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 2".into(),
+            "subetha_observations_drained_total{pid=\"4242\",comm=\"app\"} 1500".into(),
+            "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\"} 40".into(),
+            "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\"} 2".into(),
             lock("subetha_instance_ops_total", "", "1000"),
             lock("subetha_instance_contended_total", "", "10"),
             lock("subetha_instance_misses_total", "", "0"),
@@ -918,21 +976,39 @@ pub(crate) mod tests {
             "subetha_storms_begun_total{pid=\"4242\",comm=\"app\"} 2".into(),
             "subetha_storms_total{pid=\"4242\",comm=\"app\",cause=\"producer_burst\"} 1".into(),
             "subetha_storms_active{pid=\"4242\",comm=\"app\"} 1".into(),
-            "# TYPE subetha_scan_duration_seconds summary".into(),
-            "subetha_scan_duration_seconds{quantile=\"0.5\"} 0.00002".into(),
-            "subetha_scan_duration_seconds{quantile=\"0.999\"} 0.00016".into(),
+            // Histograms on BUCKET_BOUNDS_NS, cumulative.
+            "# TYPE subetha_scan_duration_seconds histogram".into(),
+            "subetha_scan_duration_seconds_bucket{le=\"3e-06\"} 0".into(),
+            "subetha_scan_duration_seconds_bucket{le=\"1e-05\"} 1000".into(),
+            "subetha_scan_duration_seconds_bucket{le=\"3e-05\"} 1000".into(),
+            "subetha_scan_duration_seconds_bucket{le=\"0.0001\"} 1234".into(),
+            "subetha_scan_duration_seconds_bucket{le=\"+Inf\"} 1234".into(),
+            "subetha_scan_duration_seconds_sum 0.0197".into(),
             "subetha_scan_duration_seconds_count 1234".into(),
-            "subetha_scan_gap_seconds{quantile=\"0.9\"} 0.001".into(),
+            "subetha_scan_gap_seconds_bucket{le=\"0.0003\"} 0".into(),
+            "subetha_scan_gap_seconds_bucket{le=\"0.001\"} 1233".into(),
             "subetha_scan_gap_seconds_count 1233".into(),
             "subetha_scan_duration_max_seconds 0.0002".into(),
-            "# TYPE subetha_instance_latency_seconds summary".into(),
-            lock("subetha_instance_latency_seconds", ",quantile=\"0.5\"", "0.000001"),
-            lock("subetha_instance_latency_seconds", ",quantile=\"0.99\"", "0.000004"),
+            "# TYPE subetha_instance_latency_seconds histogram".into(),
+            lock("subetha_instance_latency_seconds_bucket", ",le=\"3e-07\"", "0"),
+            lock("subetha_instance_latency_seconds_bucket", ",le=\"1e-06\"", "5"),
+            lock("subetha_instance_latency_seconds_bucket", ",le=\"3e-06\"", "9"),
+            lock("subetha_instance_latency_seconds_bucket", ",le=\"1e-05\"", "10"),
+            lock("subetha_instance_latency_seconds_bucket", ",le=\"+Inf\"", "10"),
+            lock("subetha_instance_latency_seconds_sum", "", "0.000021"),
             lock("subetha_instance_latency_seconds_count", "", "10"),
         ];
         let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
         assert_lines(&out, &expected);
-        // No latency samples: no summary series, no max gauge.
+        // Every bucket of the layout, and +Inf: 18 per series.
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("subetha_instance_latency_seconds_bucket{"))
+                .count(),
+            BUCKET_BOUNDS_NS.len() + 1
+        );
+        assert!(!out.contains("quantile="), "no summaries any more");
+        // No latency samples: no histogram series, no max gauge.
         assert!(
             !out.contains(
                 "subetha_instance_latency_seconds_count{pid=\"4242\",comm=\"app\",instance_id=\"2\""
@@ -943,8 +1019,51 @@ pub(crate) mod tests {
         );
         // Storms of a process that is no longer reported have no series.
         assert!(!out.contains("pid=\"999\""));
+        // Nothing per thread or per slot by default.
+        for label in ["tid=", "thread=", "slot="] {
+            assert!(!out.contains(label), "{label} in the default series:\n{out}");
+        }
         assert!(!out.contains("# EOF"));
         assert!(!out.contains("# UNIT"));
+    }
+
+    #[test]
+    fn per_thread_series_only_when_asked_for() {
+        let per_thread = MetricsOptions { per_thread: true };
+        let out = render_with(&Arc::new(sample()), Format::PrometheusText, per_thread).unwrap();
+        assert_lines(
+            &out,
+            &[
+                "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"0\",tid=\"4242\",thread=\"main\"} 1000",
+                "subetha_observations_drained_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 500",
+                "subetha_observations_dropped_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 40",
+                "subetha_drop_episodes_total{pid=\"4242\",comm=\"app\",slot=\"1\",tid=\"4243\",thread=\"worker-1\"} 2",
+            ],
+        );
+        assert!(!out.contains("subetha_observations_drained_total{pid=\"4242\",comm=\"app\"} "));
+        // Many threads of one process: one series each per thread, one in
+        // all by default.
+        let mut churned = sample();
+        let template = churned.processes[0].rings[1].clone();
+        churned.processes[0].rings = (0..500)
+            .map(|i| RingReport {
+                slot: i,
+                tid: 10_000 + i,
+                ns_tid: 10_000 + i,
+                ..template.clone()
+            })
+            .collect();
+        let count = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("subetha_observations_dropped_total"))
+                .count()
+        };
+        let churned = Arc::new(churned);
+        assert_eq!(
+            count(&render_with(&churned, Format::PrometheusText, per_thread).unwrap()),
+            500
+        );
+        assert_eq!(count(&render(&churned, Format::PrometheusText).unwrap()), 1);
     }
 
     #[test]
@@ -1001,9 +1120,11 @@ pub(crate) mod tests {
                 "subetha_agent_info{version=\"0.1.0\"} 1",
                 "# TYPE subetha_segment_resident_bytes gauge",
                 "# UNIT subetha_segment_resident_bytes bytes",
-                "# TYPE subetha_scan_duration_seconds summary",
+                "# TYPE subetha_scan_duration_seconds histogram",
                 "# UNIT subetha_scan_duration_seconds seconds",
                 "subetha_scan_duration_seconds_count 1234",
+                "subetha_scan_duration_seconds_bucket{le=\"0.00001\"} 1000",
+                "subetha_scan_duration_seconds_bucket{le=\"+Inf\"} 1234",
             ],
         );
     }
@@ -1022,11 +1143,7 @@ pub(crate) mod tests {
                 &out,
                 &[
                     &format!("subetha_segment_size_bytes{{pid=\"4242\",comm=\"{escaped}\"}} 1048576"),
-                    &format!(
-                        "subetha_observations_drained_total{{pid=\"4242\",comm=\"{escaped}\",slot=\"0\",tid=\"4242\",\
-                         thread=\"{escaped}\"}} 1000"
-                    ),
-                    // Summaries are written by this module: same escaping.
+                    &format!("subetha_observations_drained_total{{pid=\"4242\",comm=\"{escaped}\"}} 1500"),
                     &format!(
                         "subetha_instance_latency_seconds_count{{pid=\"4242\",comm=\"{escaped}\",instance_id=\"1\",\
                          instance_name=\"{escaped}\",kind=\"mutex\",op=\"lock\"}} 10"

@@ -45,6 +45,12 @@ pub struct AgentInfo {
     pub scan_duration_ns: Quantiles,
     /// Gap between consecutive scans (end to next start) quantiles, ns.
     pub scan_gap_ns: Quantiles,
+    /// Scan durations on the export layout.
+    #[serde(default)]
+    pub scan_duration_buckets: Buckets,
+    /// Scan gaps on the export layout.
+    #[serde(default)]
+    pub scan_gap_buckets: Buckets,
     /// eBPF probes: `off`, `unavailable: <why>`, or what is attached.
     pub probes: String,
     /// Events read from the probes.
@@ -97,11 +103,106 @@ impl Quantiles {
     }
 }
 
+/// Upper bounds, in ns, of the buckets every latency distribution is
+/// exported on (Prometheus classic histograms, OTLP explicit-bucket
+/// histograms): 100 ns to 10 s at 1 and 3 per decade, then `+Inf`. The
+/// range runs from a sampled uncontended hold to a stuck wait; 18 buckets
+/// keep an op kind at 20 series (with `_sum` and `_count`).
+pub const BUCKET_BOUNDS_NS: [u64; 17] = [
+    100,
+    300,
+    1_000,
+    3_000,
+    10_000,
+    30_000,
+    100_000,
+    300_000,
+    1_000_000,
+    3_000_000,
+    10_000_000,
+    30_000_000,
+    100_000_000,
+    300_000_000,
+    1_000_000_000,
+    3_000_000_000,
+    10_000_000_000,
+];
+
+/// A distribution on the fixed layout [`BUCKET_BOUNDS_NS`], for exports
+/// that aggregate across series (the quantiles cannot be).
+///
+/// Re-bucketed from the agent's log-linear histograms (buckets about 3%
+/// wide): a sample is counted in the first bound at or above its bucket's
+/// upper edge, so a count at `le` never includes a sample above `le`, and
+/// misses at most the samples within 3% below it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Buckets {
+    /// Samples.
+    pub count: u64,
+    /// Their sum, ns (saturating).
+    pub sum_ns: u64,
+    /// Samples per bucket (not cumulative): one per bound of
+    /// [`BUCKET_BOUNDS_NS`], then those above the last (`+Inf`). Empty when
+    /// `count` is 0.
+    pub counts: Vec<u64>,
+}
+
+impl Buckets {
+    /// The distribution of a histogram whose values `to_ns` converts.
+    pub fn from_histogram(histogram: &LatencyHistogram, to_ns: impl Fn(u64) -> u64) -> Self {
+        if histogram.is_empty() {
+            return Self::default();
+        }
+        let mut counts = vec![0u64; BUCKET_BOUNDS_NS.len() + 1];
+        for bucket in histogram.buckets().filter(|b| b.count > 0) {
+            let high = to_ns(bucket.high);
+            let index = BUCKET_BOUNDS_NS.partition_point(|&bound| bound < high);
+            counts[index] += bucket.count;
+        }
+        Self {
+            count: histogram.count(),
+            sum_ns: to_ns(histogram.sum()),
+            counts,
+        }
+    }
+
+    /// A histogram of ticks, converted with `calibration`.
+    pub fn from_ticks(histogram: &LatencyHistogram, calibration: &Calibration) -> Self {
+        Self::from_histogram(histogram, |ticks| calibration.ticks_to_ns(ticks))
+    }
+}
+
 /// One instrumented process.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ProcessReport {
-    /// Process id.
+    /// Process id (in the agent's pid namespace).
     pub pid: u32,
+    /// `NSpid:` of `/proc/<pid>/status`: its pid in each pid namespace, the
+    /// agent's first and its own last (one entry: it shares the agent's).
+    #[serde(default)]
+    pub nspid: Vec<u32>,
+    /// The inode of its pid namespace.
+    #[serde(default)]
+    pub pid_ns: u64,
+    /// Its executable's file name (`/proc/<pid>/exe`, sanitised; `comm`
+    /// is cut to 15 bytes).
+    #[serde(default)]
+    pub exe: String,
+    /// Its cgroup (v2 path, or the v1 hierarchy naming a container), empty
+    /// with `--label-from none` or when unreadable.
+    #[serde(default)]
+    pub cgroup: String,
+    /// The container id its cgroup names (docker, containerd, cri-o,
+    /// podman), if any.
+    #[serde(default)]
+    pub container_id: Option<String>,
+    /// The Kubernetes pod uid its cgroup names, if any.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// A stable name for the application: `SUBETHA_SERVICE` from its
+    /// environment, else its executable's name (None: `--label-from none`).
+    #[serde(default)]
+    pub service: Option<String>,
     /// Command name (`/proc/<pid>/comm`, sanitised).
     pub comm: String,
     /// Owner uid.
@@ -127,6 +228,10 @@ pub struct ProcessReport {
     pub drained: u64,
     /// Σ over rings of `dropped`.
     pub dropped: u64,
+    /// Drop episodes seen begin in the process by this agent (never
+    /// decreases, unlike a ring's count, which restarts with each thread).
+    #[serde(default)]
+    pub episodes: u64,
     /// Drop storms begun in this process since the agent attached (never
     /// decreases, unlike the bounded storm history).
     pub storms: u64,
@@ -148,8 +253,14 @@ pub struct RingReport {
     pub state: String,
     /// Claim generation (how many threads have used the slot).
     pub generation: u32,
-    /// Current (or last) producer's OS thread id.
+    /// Current (or last) producer's OS thread id, in the agent's pid
+    /// namespace (0: a thread of a containerized process that exited before
+    /// it could be mapped; see `ns_tid`).
     pub tid: u32,
+    /// The same thread's id in its own process's pid namespace (what the
+    /// application logs; equal to `tid` outside containers).
+    #[serde(default)]
+    pub ns_tid: u32,
     /// Its thread name.
     pub thread_name: String,
     /// Observations drained from this slot over its life, by any consumer.
@@ -176,6 +287,7 @@ impl RingReport {
             .into(),
             generation: record.generation,
             tid: record.os_tid,
+            ns_tid: record.ns_tid,
             thread_name: record.thread_name.clone(),
             drained: record.slot_drained_total,
             dropped: record.slot_dropped_total,
@@ -240,6 +352,9 @@ pub struct OpReport {
     pub misses: u64,
     /// Latency, ns.
     pub latency_ns: Quantiles,
+    /// The same latencies on the export layout.
+    #[serde(default)]
+    pub latency_buckets: Buckets,
     /// Distinct producer threads.
     pub threads: u64,
 }
@@ -269,6 +384,10 @@ impl InstanceReport {
                 latency_ns: op
                     .latency()
                     .map(|h| Quantiles::from_ticks(h, calibration))
+                    .unwrap_or_default(),
+                latency_buckets: op
+                    .latency()
+                    .map(|h| Buckets::from_ticks(h, calibration))
                     .unwrap_or_default(),
                 threads: op.distinct_threads().count as u64,
             })
@@ -303,10 +422,17 @@ pub struct StormReport {
     pub pid: u32,
     /// Its command name.
     pub comm: String,
+    /// The container its process runs in, if its cgroup names one.
+    #[serde(default)]
+    pub container_id: Option<String>,
     /// Ring slot.
     pub slot: u32,
-    /// Producer OS thread id.
+    /// Producer OS thread id, in the agent's pid namespace (what the probes
+    /// and `/proc` know; 0 if a containerized thread could not be mapped).
     pub tid: u32,
+    /// The producer's thread id in its own pid namespace.
+    #[serde(default)]
+    pub ns_tid: u32,
     /// Producer thread name.
     pub thread_name: String,
     /// CLOCK_MONOTONIC ns of the first drop.
@@ -515,4 +641,43 @@ pub struct RefusedSegment {
     pub reason: String,
     /// CLOCK_MONOTONIC ns when refused.
     pub at_mono_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_the_fixed_layout() {
+        let mut histogram = LatencyHistogram::new();
+        // ≤100 ns, ≤1 µs, ≤3 µs, ≤10 ms, beyond 10 s.
+        for (value, n) in [(50, 3), (500, 2), (2_000, 1), (5_000_000, 4), (20_000_000_000, 1)] {
+            histogram.record_n(value, n);
+        }
+        let buckets = Buckets::from_histogram(&histogram, |v| v);
+        assert_eq!(buckets.count, 11);
+        assert_eq!(buckets.sum_ns, 150 + 1_000 + 2_000 + 20_000_000 + 20_000_000_000);
+        assert_eq!(buckets.counts.len(), BUCKET_BOUNDS_NS.len() + 1);
+        let at = |bound: u64| buckets.counts[BUCKET_BOUNDS_NS.iter().position(|&b| b == bound).unwrap()];
+        assert_eq!(at(100), 3);
+        assert_eq!(at(1_000), 2);
+        assert_eq!(at(3_000), 1);
+        assert_eq!(at(10_000_000), 4);
+        assert_eq!(*buckets.counts.last().unwrap(), 1, "+Inf");
+        assert_eq!(buckets.counts.iter().sum::<u64>(), buckets.count);
+        // A sample never counts under a bound it exceeds: just above 1 µs
+        // goes to the 3 µs bucket.
+        let mut above = LatencyHistogram::new();
+        above.record(1_001);
+        assert_eq!(Buckets::from_histogram(&above, |v| v).counts[3], 1);
+        // Ticks are converted first: at 2 ticks per ns, 4000 ticks is 2 µs.
+        let mut ticks = LatencyHistogram::new();
+        ticks.record(4_000);
+        let halved = Buckets::from_histogram(&ticks, |t| t / 2);
+        assert_eq!((halved.counts[3], halved.sum_ns), (1, 2_000));
+        assert_eq!(
+            Buckets::from_histogram(&LatencyHistogram::new(), |v| v),
+            Buckets::default()
+        );
+    }
 }

@@ -4,59 +4,67 @@
 //!
 //! # What it promises
 //!
-//! * Every export carries the latest [`AgentSnapshot`]: the instruments are
-//!   *observable* (counters and gauges with callbacks), fed on each
-//!   collection from the snapshot source, never incremented live. The series
-//!   are the ones `/metrics` has (the same de-duplicated processes,
-//!   instances and op kinds, see [`crate::metrics`]), under OpenTelemetry
-//!   names: dots instead of underscores, the unit as the instrument's unit
-//!   (`s`, `By`, `{operation}`…) rather than a suffix, and no `_total`. A
-//!   collector's Prometheus exporter maps them back to the `/metrics`
-//!   names (`subetha.instance.ops` with unit `{operation}` becomes
-//!   `subetha_instance_ops_total`).
-//! * Counters are cumulative (the snapshot's totals are), so a lost export
-//!   loses resolution, not counts.
-//! * Latency and scan-time summaries become one gauge per quantile
-//!   (`subetha.instance.latency.p50` … `.p999`, `.max`, in seconds) and a
-//!   sample counter (`subetha.instance.latency.samples`): the snapshot holds
-//!   quantiles, not buckets, and OpenTelemetry has no summary instrument.
-//!   The two info series of `/metrics` are not repeated: the agent's
-//!   version is the resource's `service.version`, and a process's uid and
-//!   state are in the JSON API.
-//! * The resource says `service.name=subetha-agent`, `service.version`,
-//!   `host.name` (plus whatever `OTEL_RESOURCE_ATTRIBUTES` adds).
+//! * Every export carries the latest [`AgentSnapshot`], never values
+//!   incremented live. The series are the ones `/metrics` has (the same
+//!   de-duplicated processes, instances and op kinds, see
+//!   [`crate::metrics`]; ring counters per process, never per thread),
+//!   under OpenTelemetry names: dots instead of underscores, the unit as
+//!   the metric's unit (`s`, `By`, `{operation}`…) rather than a suffix, and
+//!   no `_total`.
+//! * Counters are cumulative monotonic sums from the process's attachment
+//!   (the agent's start for its own), so a lost export loses resolution,
+//!   not counts.
+//! * Latency and scan times are explicit-bucket histograms on the layout
+//!   of `/metrics` ([`BUCKET_BOUNDS_NS`], in seconds) with count, sum and
+//!   maximum: they aggregate across processes and hosts as quantiles
+//!   cannot.
+//! * Resources follow the OpenTelemetry semantic conventions: one for the
+//!   agent (`service.name=subetha-agent`, `service.version`, `host.name`,
+//!   `process.pid`, plus `OTEL_RESOURCE_ATTRIBUTES`), and one per
+//!   instrumented process (`host.name`, `process.pid`,
+//!   `process.executable.name`, `process.command`… see
+//!   [`process_resource`], with `container.id` and `k8s.pod.uid` when its
+//!   cgroup names them and `service.name` from `SUBETHA_SERVICE` or its
+//!   executable), whose metrics then carry only what varies inside it
+//!   (`instance_id`, `instance_name`, `kind`, `op`, `state`, `cause`).
 //! * An export that fails (collector down, refused, timed out) is logged —
 //!   once when exports start failing, once when they recover — and never
 //!   stops the agent; the next period tries again.
-//! * Dropping the [`OtlpExporter`] collects and exports one last time, then
-//!   stops: counts made just before a shutdown reach the collector.
+//! * Dropping the [`OtlpExporter`] exports one last time, then stops:
+//!   counts made just before a shutdown reach the collector.
 //!
-//! Within one export, instruments read the latest snapshot each; two of them
-//! may see consecutive snapshots (the agent publishes one every few
-//! milliseconds), never a snapshot older than the export.
+//! # Why not the OpenTelemetry SDK's instruments
 //!
-//! The exporter is `opentelemetry-otlp`'s HTTP exporter with its blocking
-//! `reqwest` client, driven by the SDK's `PeriodicReader` on its own thread:
-//! no async runtime is involved, so [`start`] can be called outside one and
-//! the guard can be dropped anywhere but inside an async task.
+//! The snapshot already holds cumulative histograms; the SDK's observable
+//! instruments can only report counters and gauges (a histogram must be
+//! fed sample by sample), and one SDK provider has one resource where each
+//! process needs its own. So the request is built here from the
+//! `opentelemetry-proto` messages, encoded with `prost`, and posted with
+//! `reqwest`'s blocking client on a thread of its own (no async runtime),
+//! so [`start`] can be called outside one and the guard can be dropped
+//! anywhere but inside an async task.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::metrics::data::ResourceMetrics;
-use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValueKind;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as NumberValue;
+use opentelemetry_proto::tonic::metrics::v1::{
+    AggregationTemporality, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics,
+    ScopeMetrics, Sum,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use prost::Message as _;
 
 use crate::AgentSnapshot;
-use crate::metrics::{Labels, ProcessView, Value, process_states, seconds, views};
-use crate::model::Quantiles;
+use crate::metrics::{Labels, MetricsOptions, ProcessView, Value, process_states, seconds, views};
+use crate::model::{BUCKET_BOUNDS_NS, Buckets, ProcessReport};
 
 /// Where the snapshot comes from: the running agent's latest.
 pub type SnapshotSource = Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync>;
@@ -65,12 +73,15 @@ pub type SnapshotSource = Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync>;
 /// endpoint given without a path.
 pub const METRICS_PATH: &str = "/v1/metrics";
 
-/// Longest an export may take (connect, send, retries) before it counts as
-/// failed; also bounds how long the final export can delay a shutdown.
+/// Longest an export may take (connect, send) before it counts as failed;
+/// also bounds how long the final export can delay a shutdown.
 const MAX_EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The semantic conventions the resources follow.
+pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.26.0";
+
 /// Starts exporting to `endpoint` every `interval`; the returned guard
-/// flushes and stops on drop.
+/// exports once more and stops on drop.
 ///
 /// `endpoint` is an `http://` or `https://` URL; without a path (or with
 /// `/`), [`METRICS_PATH`] is appended, so `http://collector:4318` works as
@@ -82,32 +93,49 @@ pub fn start(endpoint: &str, interval: Duration, source: SnapshotSource) -> Resu
     }
     let url = metrics_url(endpoint)?;
     let timeout = interval.clamp(Duration::from_secs(1), MAX_EXPORT_TIMEOUT);
-    let exporter = MetricExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(url.clone())
-        .with_timeout(timeout)
-        .with_temporality(Temporality::Cumulative)
+    let client = reqwest::blocking::Client::builder()
+        .timeout(timeout)
         .build()
-        .with_context(|| format!("building the OTLP exporter for {url}"))?;
-    let exporter = LoggingExporter {
-        inner: exporter,
-        url: url.clone(),
-        failing: AtomicBool::new(false),
-    };
-    let reader = PeriodicReader::builder(exporter).with_interval(interval).build();
-    let provider = SdkMeterProvider::builder()
-        .with_resource(resource())
-        .with_reader(reader)
-        .build();
-    register_instruments(&provider.meter("subetha-agent"), &source);
+        .with_context(|| format!("building the OTLP HTTP client for {url}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started_unix_ns = unix_ns(SystemTime::now());
+    let thread = std::thread::Builder::new()
+        .name("subetha-otlp".into())
+        .spawn({
+            let (url, stop) = (url.clone(), Arc::clone(&stop));
+            move || {
+                let mut sender = Sender {
+                    client,
+                    url,
+                    failing: false,
+                };
+                let mut next = Instant::now() + interval;
+                while !stop.load(Ordering::Acquire) {
+                    let now = Instant::now();
+                    if now < next {
+                        std::thread::park_timeout(next - now);
+                        continue;
+                    }
+                    next += interval;
+                    sender.send(&request(&source(), started_unix_ns, host_name().as_deref()));
+                }
+                // The final export.
+                sender.send(&request(&source(), started_unix_ns, host_name().as_deref()));
+            }
+        })
+        .context("starting the OTLP export thread")?;
     tracing::info!(%url, ?interval, "exporting metrics over OTLP/HTTP");
-    Ok(OtlpExporter { provider, url })
+    Ok(OtlpExporter {
+        stop,
+        thread: Some(thread),
+        url,
+    })
 }
 
 /// A running OTLP exporter. Dropping it exports once more and stops.
 pub struct OtlpExporter {
-    provider: SdkMeterProvider,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
     url: String,
 }
 
@@ -119,10 +147,48 @@ impl std::fmt::Debug for OtlpExporter {
 
 impl Drop for OtlpExporter {
     fn drop(&mut self) {
-        // The reader's shutdown collects and exports a last time; a failure
-        // was already logged by `LoggingExporter`.
-        if let Err(error) = self.provider.shutdown() {
-            tracing::debug!(%error, "OTLP exporter shutdown");
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Posts requests, logging when exports start and stop failing.
+struct Sender {
+    client: reqwest::blocking::Client,
+    url: String,
+    failing: bool,
+}
+
+impl Sender {
+    fn send(&mut self, request: &ExportMetricsServiceRequest) {
+        let result = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(request.encode_to_vec())
+            .send()
+            .map_err(|e| e.to_string())
+            .and_then(|response| {
+                let status = response.status();
+                if status.is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("the collector answered {status}"))
+                }
+            });
+        match result {
+            Err(error) if !self.failing => {
+                self.failing = true;
+                tracing::warn!(url = %self.url, %error, "OTLP export failed; retrying every period");
+            }
+            Ok(()) if self.failing => {
+                self.failing = false;
+                tracing::info!(url = %self.url, "OTLP export works again");
+            }
+            _ => {}
         }
     }
 }
@@ -151,17 +217,6 @@ fn metrics_url(endpoint: &str) -> Result<String> {
     }
 }
 
-/// `service.name`, `service.version`, `host.name`.
-fn resource() -> Resource {
-    let mut builder = Resource::builder()
-        .with_service_name("subetha-agent")
-        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
-    if let Some(host) = host_name() {
-        builder = builder.with_attribute(KeyValue::new("host.name", host));
-    }
-    builder.build()
-}
-
 /// The kernel's host name (`/proc/sys/kernel/hostname`).
 fn host_name() -> Option<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
@@ -169,395 +224,455 @@ fn host_name() -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// The OTLP exporter, logging when exports start and stop failing (the SDK
-/// itself only reports through its own internal logs, which are off).
-struct LoggingExporter {
-    inner: MetricExporter,
-    url: String,
-    failing: AtomicBool,
+fn unix_ns(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
 }
 
-impl std::fmt::Debug for LoggingExporter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoggingExporter").field("url", &self.url).finish()
-    }
-}
-
-impl PushMetricExporter for LoggingExporter {
-    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let result = self.inner.export(metrics).await;
-        match &result {
-            Err(error) if !self.failing.swap(true, Ordering::Relaxed) => {
-                tracing::warn!(url = %self.url, %error, "OTLP export failed; retrying every period");
-            }
-            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
-                tracing::info!(url = %self.url, "OTLP export works again");
-            }
-            _ => {}
-        }
-        result
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn temporality(&self) -> Temporality {
-        self.inner.temporality()
+fn string(key: &str, value: impl Into<String>) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(AnyValueKind::StringValue(value.into())),
+        }),
+        ..KeyValue::default()
     }
 }
 
-/// OpenTelemetry attributes of a `/metrics` label set.
+fn int(key: &str, value: u64) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(AnyValueKind::IntValue(i64::try_from(value).unwrap_or(i64::MAX))),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+/// A point's attributes from a `/metrics` label set, without the labels
+/// its process's resource carries (`pid`, `comm`).
 fn attributes(labels: &Labels<'_>) -> Vec<KeyValue> {
     labels
         .iter()
+        .filter(|(key, _)| !matches!(*key, "pid" | "comm"))
         .map(|(key, value)| match value {
-            Value::Str(s) => KeyValue::new(*key, s.to_string()),
-            Value::Num(n) => KeyValue::new(*key, i64::try_from(*n).unwrap_or(i64::MAX)),
+            Value::Str(s) => string(key, *s),
+            Value::Num(n) => int(key, *n),
         })
         .collect()
 }
 
-/// Points of one instrument: `(value, labels)`.
-type Points<'a, V> = Vec<(V, Labels<'a>)>;
-
-/// Points of one instrument as OpenTelemetry wants them.
-type Observed<V> = Vec<(V, Vec<KeyValue>)>;
-
-/// What an instrument observes, from the snapshot and its process views.
-type PointsFn<V> = fn(&AgentSnapshot, &[ProcessView<'_>]) -> Observed<V>;
-
-/// [`PointsFn`] of a seconds gauge, which may capture what it picks.
-type SecondsFn = Box<dyn Fn(&AgentSnapshot, &[ProcessView<'_>]) -> Observed<f64> + Send + Sync>;
-
-/// Picks one number out of [`Quantiles`].
-type Pick = fn(&Quantiles) -> u64;
-
-/// Registers the observable instruments; they live as long as `meter`'s
-/// provider.
-fn register_instruments(meter: &Meter, source: &SnapshotSource) {
-    let counter = |name: &'static str, unit: &'static str, help: &'static str, points: PointsFn<u64>| {
-        let source = Arc::clone(source);
-        meter
-            .u64_observable_counter(name)
-            .with_unit(unit)
-            .with_description(help)
-            .with_callback(move |observer| {
-                let snapshot = source();
-                for (value, attrs) in points(&snapshot, &views(&snapshot)) {
-                    observer.observe(value, &attrs);
-                }
-            })
-            .build();
+/// `OTEL_RESOURCE_ATTRIBUTES` (`key=value,key=value`, values
+/// percent-decoded as far as `%2C`, `%3D` and `%25` go), for the agent's
+/// resource.
+fn env_resource_attributes() -> Vec<KeyValue> {
+    let Ok(text) = std::env::var("OTEL_RESOURCE_ATTRIBUTES") else {
+        return Vec::new();
     };
-    let u64_gauge = |name: &'static str, unit: &'static str, help: &'static str, points: PointsFn<u64>| {
-        let source = Arc::clone(source);
-        meter
-            .u64_observable_gauge(name)
-            .with_unit(unit)
-            .with_description(help)
-            .with_callback(move |observer| {
-                let snapshot = source();
-                for (value, attrs) in points(&snapshot, &views(&snapshot)) {
-                    observer.observe(value, &attrs);
-                }
-            })
-            .build();
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| string(k, v.replace("%2C", ",").replace("%3D", "=").replace("%25", "%")))
+        .collect()
+}
+
+/// The agent's own resource.
+fn agent_resource(snapshot: &AgentSnapshot, host: Option<&str>) -> Resource {
+    let mut attributes = vec![
+        string("service.name", "subetha-agent"),
+        string("service.version", snapshot.agent.version.clone()),
+        int("process.pid", snapshot.agent.pid.into()),
+    ];
+    if let Some(host) = host {
+        attributes.push(string("host.name", host));
+    }
+    for extra in env_resource_attributes() {
+        attributes.retain(|a| a.key != extra.key);
+        attributes.push(extra);
+    }
+    Resource {
+        attributes,
+        ..Resource::default()
+    }
+}
+
+/// An instrumented process's resource: `host.name`, `process.pid`,
+/// `process.executable.name`, `process.command` (its `comm`),
+/// `process.real_user.id`, `service.name` (its `SUBETHA_SERVICE` or
+/// executable, `unknown_service:<exe>` otherwise, as the conventions ask),
+/// and `container.id`, `k8s.pod.uid` when known; plus
+/// `subetha.process.nspid` (its pid in its own namespace) for a process in
+/// a container.
+pub fn process_resource(process: &ProcessReport, host: Option<&str>) -> Resource {
+    let exe = if process.exe.is_empty() {
+        &process.comm
+    } else {
+        &process.exe
     };
-    let seconds_gauge = |name: String, help: String, points: SecondsFn| {
-        let source = Arc::clone(source);
-        meter
-            .f64_observable_gauge(name)
-            .with_unit("s")
-            .with_description(help)
-            .with_callback(move |observer| {
-                let snapshot = source();
-                for (value, attrs) in points(&snapshot, &views(&snapshot)) {
-                    observer.observe(value, &attrs);
-                }
-            })
-            .build();
-    };
-    fn owned<V>(points: Points<'_, V>) -> Observed<V> {
-        points.into_iter().map(|(v, l)| (v, attributes(&l))).collect()
+    let mut attributes = vec![
+        string(
+            "service.name",
+            process
+                .service
+                .clone()
+                .unwrap_or_else(|| format!("unknown_service:{exe}")),
+        ),
+        int("process.pid", process.pid.into()),
+        string("process.executable.name", exe.clone()),
+        string("process.command", process.comm.clone()),
+        int("process.real_user.id", process.uid.into()),
+    ];
+    if let Some(host) = host {
+        attributes.push(string("host.name", host));
+    }
+    if let Some(id) = &process.container_id {
+        attributes.push(string("container.id", id.clone()));
+    }
+    if let Some(uid) = &process.pod_uid {
+        attributes.push(string("k8s.pod.uid", uid.clone()));
+    }
+    if process.nspid.len() > 1
+        && let Some(&own) = process.nspid.last()
+    {
+        attributes.push(int("subetha.process.nspid", own.into()));
+    }
+    Resource {
+        attributes,
+        ..Resource::default()
+    }
+}
+
+/// Metrics of one resource, all points stamped with one time and start.
+struct Metrics {
+    start_ns: u64,
+    time_ns: u64,
+    out: Vec<Metric>,
+}
+
+impl Metrics {
+    fn new(start_ns: u64, time_ns: u64) -> Self {
+        Self {
+            start_ns,
+            time_ns,
+            out: Vec::new(),
+        }
     }
 
-    // The agent.
-    counter(
+    fn point(&self, attributes: Vec<KeyValue>, value: NumberValue) -> NumberDataPoint {
+        NumberDataPoint {
+            attributes,
+            start_time_unix_nano: self.start_ns,
+            time_unix_nano: self.time_ns,
+            value: Some(value),
+            ..NumberDataPoint::default()
+        }
+    }
+
+    fn push(&mut self, name: &str, unit: &str, help: &str, data: Data, empty: bool) {
+        if empty {
+            return;
+        }
+        self.out.push(Metric {
+            name: name.to_owned(),
+            description: help.to_owned(),
+            unit: unit.to_owned(),
+            data: Some(data),
+            ..Metric::default()
+        });
+    }
+
+    /// A cumulative monotonic sum; nothing without points.
+    fn counter(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, u64)>) {
+        let data_points: Vec<_> = points
+            .into_iter()
+            .map(|(attrs, n)| self.point(attrs, NumberValue::AsInt(i64::try_from(n).unwrap_or(i64::MAX))))
+            .collect();
+        let empty = data_points.is_empty();
+        let data = Data::Sum(Sum {
+            data_points,
+            aggregation_temporality: AggregationTemporality::Cumulative as i32,
+            is_monotonic: true,
+        });
+        self.push(name, unit, help, data, empty);
+    }
+
+    fn gauge(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, NumberValue)>) {
+        let data_points: Vec<_> = points
+            .into_iter()
+            .map(|(attrs, value)| NumberDataPoint {
+                start_time_unix_nano: 0,
+                ..self.point(attrs, value)
+            })
+            .collect();
+        let empty = data_points.is_empty();
+        self.push(name, unit, help, Data::Gauge(Gauge { data_points }), empty);
+    }
+
+    fn int_gauge(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, u64)>) {
+        let points = points
+            .into_iter()
+            .map(|(a, n)| (a, NumberValue::AsInt(i64::try_from(n).unwrap_or(i64::MAX))))
+            .collect();
+        self.gauge(name, unit, help, points);
+    }
+
+    /// A cumulative explicit-bucket histogram in seconds on
+    /// [`BUCKET_BOUNDS_NS`]; `max_ns` per point where known.
+    fn histogram(&mut self, name: &str, help: &str, points: Vec<(Vec<KeyValue>, &Buckets, Option<u64>)>) {
+        let data_points: Vec<_> = points
+            .into_iter()
+            .map(|(attributes, buckets, max_ns)| HistogramDataPoint {
+                attributes,
+                start_time_unix_nano: self.start_ns,
+                time_unix_nano: self.time_ns,
+                count: buckets.count,
+                sum: Some(seconds(buckets.sum_ns)),
+                bucket_counts: (0..=BUCKET_BOUNDS_NS.len())
+                    .map(|i| buckets.counts.get(i).copied().unwrap_or(0))
+                    .collect(),
+                explicit_bounds: BUCKET_BOUNDS_NS.iter().map(|&b| seconds(b)).collect(),
+                max: max_ns.filter(|_| buckets.count > 0).map(seconds),
+                ..HistogramDataPoint::default()
+            })
+            .collect();
+        let empty = data_points.is_empty();
+        let data = Data::Histogram(Histogram {
+            data_points,
+            aggregation_temporality: AggregationTemporality::Cumulative as i32,
+        });
+        self.push(name, "s", help, data, empty);
+    }
+
+    fn into_resource(self, resource: Resource) -> ResourceMetrics {
+        ResourceMetrics {
+            resource: Some(resource),
+            scope_metrics: vec![ScopeMetrics {
+                scope: Some(InstrumentationScope {
+                    name: "subetha-agent".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    ..InstrumentationScope::default()
+                }),
+                metrics: self.out,
+                schema_url: String::new(),
+            }],
+            schema_url: SCHEMA_URL.into(),
+        }
+    }
+}
+
+/// The export request for `snapshot`: the agent's resource first, then
+/// one per process. `agent_start_ns` (Unix ns) starts the agent's sums.
+pub fn request(
+    snapshot: &AgentSnapshot,
+    agent_start_ns: u64,
+    host: Option<&str>,
+) -> ExportMetricsServiceRequest {
+    let agent = &snapshot.agent;
+    let now_ns = agent.taken_unix_ms.saturating_mul(1_000_000);
+    let views = views(snapshot);
+    let mut own = Metrics::new(agent_start_ns.min(now_ns), now_ns);
+    let none = Vec::new;
+    own.counter(
         "subetha.agent.scans",
         "{scan}",
         "Scans of all attached segments completed.",
-        |s, _| vec![(s.agent.scans, vec![])],
+        vec![(none(), agent.scans)],
     );
-    counter(
+    own.counter(
         "subetha.probe.events",
         "{event}",
         "Events read from the eBPF probes.",
-        |s, _| vec![(s.agent.probe_events, vec![])],
+        vec![(none(), agent.probe_events)],
     );
-    counter(
+    own.counter(
         "subetha.probe.lost_events",
         "{event}",
         "Events the eBPF probes could not deliver (ring buffer full).",
-        |s, _| vec![(s.agent.probe_losses, vec![])],
+        vec![(none(), agent.probe_losses)],
     );
-    counter(
+    own.counter(
         "subetha.probe.filtered_intervals",
         "{interval}",
         "Off-CPU intervals the eBPF probes' in-kernel filter kept back as unremarkable.",
-        |s, _| vec![(s.agent.probe_filtered, vec![])],
+        vec![(none(), agent.probe_filtered)],
     );
-    seconds_gauge(
-        "subetha.agent.scan_interval".into(),
-        "Current pause between scans (adapts to ring fill).".into(),
-        Box::new(|s, _| vec![(s.agent.scan_interval_us as f64 / 1e6, vec![])]),
+    own.gauge(
+        "subetha.agent.scan_interval",
+        "s",
+        "Current pause between scans (adapts to ring fill).",
+        vec![(none(), NumberValue::AsDouble(agent.scan_interval_us as f64 / 1e6))],
     );
-    u64_gauge(
+    own.int_gauge(
         "subetha.segments.refused",
         "{segment}",
         "Segments found but refused as invalid (bounded history).",
-        |s, _| vec![(s.refused.len() as u64, vec![])],
+        vec![(none(), snapshot.refused.len() as u64)],
     );
-    quantile_gauges(
-        &seconds_gauge,
-        "subetha.scan.duration",
-        "Duration of one scan of all attached segments",
-        |s, _| vec![(s.agent.scan_duration_ns, vec![])],
-    );
-    quantile_gauges(
-        &seconds_gauge,
-        "subetha.scan.gap",
-        "Gap between the end of a scan and the start of the next",
-        |s, _| vec![(s.agent.scan_gap_ns, vec![])],
-    );
-    counter(
-        "subetha.scan.duration.samples",
-        "{scan}",
-        "Scans timed for subetha.scan.duration.",
-        |s, _| vec![(s.agent.scan_duration_ns.count, vec![])],
-    );
-
-    // Processes.
-    u64_gauge(
+    own.int_gauge(
         "subetha.processes",
         "{process}",
         "Instrumented processes by state (attached, waiting, exited and retained).",
-        |_, v| {
-            process_states(v)
-                .into_iter()
-                .map(|(state, n)| (n, vec![KeyValue::new("state", state.to_owned())]))
-                .collect()
-        },
+        process_states(&views)
+            .into_iter()
+            .map(|(state, n)| (vec![string("state", state)], n))
+            .collect(),
     );
-    u64_gauge(
+    own.histogram(
+        "subetha.scan.duration",
+        "Duration of one scan of all attached segments.",
+        vec![(
+            none(),
+            &agent.scan_duration_buckets,
+            Some(agent.scan_duration_ns.max),
+        )],
+    );
+    own.histogram(
+        "subetha.scan.gap",
+        "Gap between the end of a scan and the start of the next.",
+        vec![(none(), &agent.scan_gap_buckets, Some(agent.scan_gap_ns.max))],
+    );
+    let mut resources = vec![own.into_resource(agent_resource(snapshot, host))];
+    for view in &views {
+        let process = view.process;
+        let attached_ns = now_ns.saturating_sub(agent.taken_mono_ns.saturating_sub(process.attached_mono_ns));
+        let mut m = Metrics::new(attached_ns, now_ns);
+        process_metrics(&mut m, snapshot, view);
+        resources.push(m.into_resource(process_resource(process, host)));
+    }
+    ExportMetricsServiceRequest {
+        resource_metrics: resources,
+    }
+}
+
+/// The metrics of one process's resource.
+fn process_metrics(m: &mut Metrics, snapshot: &AgentSnapshot, view: &ProcessView<'_>) {
+    let process = view.process;
+    let none = Vec::new;
+    m.int_gauge(
         "subetha.segment.size",
         "By",
         "Size of the process's shared-memory segment.",
-        |_, v| owned(v.iter().map(|p| (p.process.segment_bytes, p.labels())).collect()),
+        vec![(none(), process.segment_bytes)],
     );
-    u64_gauge(
+    m.int_gauge(
         "subetha.segment.resident",
         "By",
         "Resident (touched) part of the process's shared-memory segment.",
-        |_, v| {
-            owned(
-                v.iter()
-                    .map(|p| (p.process.segment_resident_bytes, p.labels()))
-                    .collect(),
-            )
-        },
+        vec![(none(), process.segment_resident_bytes)],
     );
-    counter(
+    m.counter(
         "subetha.observations.lost_no_ring",
         "{observation}",
         "Observations lost because their thread found no free ring slot.",
-        |_, v| owned(v.iter().map(|p| (p.process.lost_no_ring, p.labels())).collect()),
+        vec![(none(), process.lost_no_ring)],
     );
-    counter(
+    m.counter(
         "subetha.observations.unattributed",
         "{observation}",
         "Drained observations whose instance id matched no registered instance.",
-        |_, v| owned(v.iter().map(|p| (p.process.unattributed, p.labels())).collect()),
+        vec![(none(), process.unattributed)],
     );
-
-    // Rings.
-    u64_gauge(
+    m.int_gauge(
         "subetha.rings",
         "{ring}",
         "Ring slots of the process by state.",
-        |_, v| {
-            owned(
-                v.iter()
-                    .flat_map(|p| p.ring_states().map(|(l, n)| (n, l)))
-                    .collect(),
-            )
-        },
+        view.ring_states().map(|(l, n)| (attributes(&l), n)).collect(),
     );
-    u64_gauge(
+    m.int_gauge(
         "subetha.rings.corrupt",
         "{ring}",
         "Ring slots whose indices were impossible (corrupt or hostile segment).",
-        |_, v| owned(v.iter().map(|p| (p.corrupt_rings(), p.labels())).collect()),
+        vec![(none(), view.corrupt_rings())],
     );
-    counter(
+    let ring = |value: fn(&crate::model::RingReport) -> u64, total: Option<u64>| {
+        view.ring_counter(MetricsOptions::default(), value, total)
+            .into_iter()
+            .map(|(l, n)| (attributes(&l), n))
+            .collect::<Vec<_>>()
+    };
+    m.counter(
         "subetha.observations.drained",
         "{observation}",
-        "Observations drained from the ring slot over its life, by any consumer.",
-        |_, v| owned(rings(v, |r| r.drained)),
+        "Observations drained from the process's rings, by any consumer.",
+        ring(|r| r.drained, None),
     );
-    counter(
+    m.counter(
         "subetha.observations.dropped",
         "{observation}",
-        "Observations dropped because the ring slot was full, over its life.",
-        |_, v| owned(rings(v, |r| r.dropped)),
+        "Observations dropped because a ring of the process was full.",
+        ring(|r| r.dropped, None),
     );
-    counter(
+    m.counter(
         "subetha.drop_episodes",
         "{episode}",
-        "Drop episodes (runs of consecutive drops) seen on the ring slot by this agent.",
-        |_, v| owned(rings(v, |r| r.episodes)),
+        "Drop episodes (runs of consecutive drops) seen on the process's rings by this agent.",
+        ring(|r| r.episodes, Some(process.episodes)),
     );
-
-    // Instances.
-    counter(
+    let ops = |value: fn(&crate::model::OpReport) -> u64| {
+        view.ops()
+            .map(|(l, _, op)| (attributes(&l), value(op)))
+            .collect::<Vec<_>>()
+    };
+    m.counter(
         "subetha.instance.ops",
         "{operation}",
         "Operations on the instance, by op kind.",
-        |_, v| owned(ops(v, |op| Some(op.ops))),
+        ops(|op| op.ops),
     );
-    counter(
+    m.counter(
         "subetha.instance.contended",
         "{operation}",
         "Operations on the instance that had to wait, by op kind.",
-        |_, v| owned(ops(v, |op| Some(op.contended))),
+        ops(|op| op.contended),
     );
-    counter(
+    m.counter(
         "subetha.instance.misses",
         "{operation}",
         "Operations on the instance that found nothing (empty or full, timed out), by op kind.",
-        |_, v| owned(ops(v, |op| Some(op.misses))),
+        ops(|op| op.misses),
     );
-    u64_gauge(
+    m.int_gauge(
         "subetha.instance.threads",
         "{thread}",
         "Distinct producer threads seen operating on the instance, by op kind.",
-        |_, v| owned(ops(v, |op| Some(op.threads))),
+        ops(|op| op.threads),
     );
-    counter(
+    m.counter(
         "subetha.instance.drops_attributed",
         "{observation}",
         "Ring drops attributed to the instance (first dropped observation of an episode).",
-        |_, v| {
-            owned(
-                v.iter()
-                    .flat_map(|p| {
-                        p.instances
-                            .iter()
-                            .map(move |(i, _)| (i.drops_attributed, p.instance_labels(i)))
-                    })
-                    .collect(),
-            )
-        },
+        view.instances
+            .iter()
+            .map(|(i, _)| (attributes(&view.instance_labels(i)), i.drops_attributed))
+            .collect(),
     );
-    quantile_gauges(
-        &seconds_gauge,
+    m.histogram(
         "subetha.instance.latency",
-        "Measured operation latency on the instance (contended and sampled paths), by op kind",
-        |_, v| {
-            v.iter()
-                .flat_map(ProcessView::ops)
-                .filter(|(_, _, op)| op.latency_ns.count > 0)
-                .map(|(labels, _, op)| (op.latency_ns, attributes(&labels)))
-                .collect()
-        },
+        "Measured operation latency on the instance (contended and sampled paths), by op kind.",
+        view.ops()
+            .filter(|(_, _, op)| op.latency_buckets.count > 0)
+            .map(|(l, _, op)| (attributes(&l), &op.latency_buckets, Some(op.latency_ns.max)))
+            .collect(),
     );
-    counter(
-        "subetha.instance.latency.samples",
-        "{operation}",
-        "Operations whose latency went into subetha.instance.latency, by op kind.",
-        |_, v| {
-            owned(ops(v, |op| {
-                (op.latency_ns.count > 0).then_some(op.latency_ns.count)
-            }))
-        },
-    );
-
-    // Storms.
-    counter(
+    m.counter(
         "subetha.storms.begun",
         "{storm}",
         "Drop storms begun in the process since the agent attached.",
-        |_, v| owned(v.iter().map(|p| (p.process.storms, p.labels())).collect()),
+        vec![(none(), process.storms)],
     );
-    counter(
+    m.counter(
         "subetha.storms",
         "{storm}",
         "Drop storms whose cause is settled, by cause (begun minus these are still being diagnosed).",
-        |_, v| {
-            owned(
-                v.iter()
-                    .flat_map(|p| p.storm_causes().map(|(l, n)| (n, l)))
-                    .collect(),
-            )
-        },
+        view.storm_causes().map(|(l, n)| (attributes(&l), n)).collect(),
     );
-    u64_gauge(
+    m.int_gauge(
         "subetha.storms.active",
         "{storm}",
         "Drop storms of the process still going on.",
-        |s, v| owned(v.iter().map(|p| (p.open_storms(s), p.labels())).collect()),
+        vec![(none(), view.open_storms(snapshot))],
     );
-}
-
-/// `(value, ring labels)` for every ring of every process.
-fn rings<'a>(views: &[ProcessView<'a>], value: fn(&crate::model::RingReport) -> u64) -> Points<'a, u64> {
-    views
-        .iter()
-        .flat_map(|p| p.rings.iter().map(move |r| (value(r), p.ring_labels(r))))
-        .collect()
-}
-
-/// `(value, op labels)` for every op kind of every instance `value` has one
-/// for.
-fn ops<'a>(views: &[ProcessView<'a>], value: fn(&crate::model::OpReport) -> Option<u64>) -> Points<'a, u64> {
-    views
-        .iter()
-        .flat_map(|p| p.ops().filter_map(|(labels, _, op)| Some((value(op)?, labels))))
-        .collect()
-}
-
-/// The quantiles and maximum of each series `points` gives, one gauge
-/// each (`<name>.p50` … `.p999`, `.max`, seconds), for series with samples.
-fn quantile_gauges(
-    seconds_gauge: &impl Fn(String, String, SecondsFn),
-    name: &str,
-    help: &str,
-    points: PointsFn<Quantiles>,
-) {
-    let pick: [(&str, &str, Pick); 5] = [
-        ("p50", "median", |q| q.p50),
-        ("p90", "90th percentile", |q| q.p90),
-        ("p99", "99th percentile", |q| q.p99),
-        ("p999", "99.9th percentile", |q| q.p999),
-        ("max", "maximum", |q| q.max),
-    ];
-    for (suffix, what, value) in pick {
-        seconds_gauge(
-            format!("{name}.{suffix}"),
-            format!("{help}: {what}."),
-            Box::new(move |s, v| {
-                points(s, v)
-                    .into_iter()
-                    .filter(|(q, _)| q.count > 0)
-                    .map(|(q, attrs)| (seconds(value(&q)), attrs))
-                    .collect()
-            }),
-        );
-    }
 }
 
 #[cfg(test)]
@@ -587,6 +702,102 @@ mod tests {
             let error = metrics_url(bad).unwrap_err().to_string();
             assert!(error.contains(phrase), "{bad}: {error}");
         }
+    }
+
+    fn text(kvs: &[KeyValue], key: &str) -> Option<String> {
+        kvs.iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                AnyValueKind::StringValue(s) => Some(s.clone()),
+                AnyValueKind::IntValue(n) => Some(n.to_string()),
+                _ => None,
+            })
+    }
+
+    #[test]
+    fn a_request_decodes_with_histograms_and_semantic_conventions() {
+        let snapshot = crate::metrics::tests::sample();
+        let bytes = request(&snapshot, 1, Some("node-7")).encode_to_vec();
+        let decoded = ExportMetricsServiceRequest::decode(bytes.as_slice()).expect("a valid protobuf");
+        assert_eq!(decoded.resource_metrics.len(), 2, "the agent, then one process");
+        let agent = decoded.resource_metrics[0].resource.as_ref().unwrap();
+        assert_eq!(
+            text(&agent.attributes, "service.name").as_deref(),
+            Some("subetha-agent")
+        );
+        assert_eq!(text(&agent.attributes, "host.name").as_deref(), Some("node-7"));
+        let process = &decoded.resource_metrics[1];
+        let attrs = &process.resource.as_ref().unwrap().attributes;
+        for (key, value) in [
+            ("process.pid", "4242"),
+            ("process.executable.name", "app-server"),
+            ("process.command", "app"),
+            ("service.name", "checkout"),
+            ("host.name", "node-7"),
+            (
+                "container.id",
+                "4f1c6b0f2a6f9a1e5f3d1c2b3a4958677a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d",
+            ),
+            ("subetha.process.nspid", "1"),
+        ] {
+            assert_eq!(text(attrs, key).as_deref(), Some(value), "{key} in {attrs:?}");
+        }
+        assert_eq!(text(attrs, "k8s.pod.uid"), None, "no pod: no attribute");
+        assert_eq!(process.schema_url, SCHEMA_URL);
+        let metrics = &process.scope_metrics[0].metrics;
+        let metric = |name: &str| {
+            metrics
+                .iter()
+                .find(|m| m.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let Some(Data::Histogram(latency)) = &metric("subetha.instance.latency").data else {
+            panic!("latency is not a histogram");
+        };
+        assert_eq!(
+            latency.aggregation_temporality,
+            AggregationTemporality::Cumulative as i32
+        );
+        let point = &latency.data_points[0];
+        assert_eq!(point.count, 10);
+        assert_eq!(point.explicit_bounds.len(), BUCKET_BOUNDS_NS.len());
+        assert_eq!(point.explicit_bounds[2], 1e-6);
+        assert_eq!(point.bucket_counts.len(), BUCKET_BOUNDS_NS.len() + 1);
+        assert_eq!(point.bucket_counts.iter().sum::<u64>(), point.count);
+        assert_eq!(&point.bucket_counts[..5], &[0, 0, 5, 4, 1]);
+        assert_eq!(point.sum, Some(0.000021));
+        assert_eq!(point.max, Some(0.00001));
+        assert_eq!(text(&point.attributes, "op").as_deref(), Some("lock"));
+        assert_eq!(
+            text(&point.attributes, "pid"),
+            None,
+            "the process is the resource"
+        );
+        let Some(Data::Sum(ops)) = &metric("subetha.instance.ops").data else {
+            panic!("ops is not a sum");
+        };
+        assert!(ops.is_monotonic);
+        assert!(
+            ops.data_points
+                .iter()
+                .all(|p| p.start_time_unix_nano > 0 && p.start_time_unix_nano <= p.time_unix_nano)
+        );
+        assert!(
+            metrics
+                .iter()
+                .all(|m| !m.name.ends_with(".p99") && !m.name.ends_with(".p50")),
+            "no gauge per quantile"
+        );
+        let Some(Data::Sum(dropped)) = &metric("subetha.observations.dropped").data else {
+            panic!("dropped is not a sum");
+        };
+        assert_eq!(dropped.data_points.len(), 1, "per process, not per thread");
+        let agent_metrics = &decoded.resource_metrics[0].scope_metrics[0].metrics;
+        assert!(
+            agent_metrics
+                .iter()
+                .any(|m| m.name == "subetha.scan.duration" && matches!(m.data, Some(Data::Histogram(_))))
+        );
     }
 
     #[test]

@@ -64,7 +64,7 @@
 //!   far below the ~20 ns cost of the read itself;
 //! * **instants** are exact at the reference point (±~20 ns, half the
 //!   bracket) and drift by the rate error times the distance from it: up to
-//!   ~5 µs per second (2–4 µs seen 2 s later), i.e. up to ~18 ms after an
+//!   ~5 µs per second, i.e. up to ~18 ms after an
 //!   hour. `CLOCK_MONOTONIC` may also be slewed by NTP (≤ 500 ppm) after
 //!   calibration. Long-lived consumers that need tight cross-process
 //!   alignment should refresh the reference with a new

@@ -135,8 +135,14 @@ pub struct RingRecord {
     pub generation: u32,
     /// A [`slot_state`] value.
     pub state: u32,
-    /// Producer's OS thread id.
+    /// Producer's OS thread id in this consumer's pid namespace: the one
+    /// `gettid` gave the producer, unless the drainer was told the producer
+    /// lives in another namespace ([`Drainer::set_foreign_tids`]); then 0
+    /// until [`Drainer::map_thread_ids`] finds it.
     pub os_tid: u32,
+    /// Producer's OS thread id as the producer saw it (its own pid
+    /// namespace's).
+    pub ns_tid: u32,
     /// Producer's subetha thread id.
     pub thread_id: u32,
     /// Producer's thread name (sanitised).
@@ -167,8 +173,11 @@ pub struct DropEpisode {
     pub seq: u64,
     /// Ring slot.
     pub slot: u32,
-    /// Producer's OS thread id.
+    /// Producer's OS thread id in this consumer's pid namespace (see
+    /// [`RingRecord::os_tid`]; 0 while unknown).
     pub os_tid: u32,
+    /// Producer's OS thread id in its own pid namespace.
+    pub ns_tid: u32,
     /// Producer's thread name.
     pub thread_name: String,
     /// CLOCK_MONOTONIC ns when the first drop happened.
@@ -249,10 +258,11 @@ impl ScanReport {
 
 /// Paces a consumer's scans by how full its rings were found.
 ///
-/// Every wake-up of a scan thread takes a CPU from the threads it observes
-/// (on a two-CPU host, the sidecar scanning every 200 µs cost a contended
-/// lock benchmark 3–5% of its throughput), while a scan that comes too
-/// late lets a ring fill and drop. So the pause follows the fullest ring a
+/// Every wake-up of a scan thread takes a CPU from the threads it observes (on
+/// a small host, frequent scans show in the `contended` group of
+/// `benches/primitives.rs`, whose sidecar drains the rings), while a scan that
+/// comes too late lets a ring fill and drop. So the pause follows the fullest
+/// ring a
 /// scan met: more than half full, the pause halves; under an eighth, it
 /// grows by half; in between it stays. A scan that found drops or had to
 /// leave a ring full goes back to the shortest pause at once, and a scan
@@ -358,6 +368,11 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     /// Call sites resolved so far (entries are never rewritten by a sane
     /// producer, so a resolved id stays resolved).
     sites: parking_lot::Mutex<std::collections::HashMap<u16, Site>>,
+    /// The producers live in another pid namespace: their `gettid` values
+    /// are not ours.
+    foreign_tids: bool,
+    /// Records or episodes whose `os_tid` is still unknown.
+    unmapped_tids: bool,
 }
 
 /// Whether a refresh of an instance entry may mark a retired one for freeing
@@ -413,6 +428,8 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             batch: Box::new([Observation::ZERO; BATCH]),
             late: Vec::new(),
             sites: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            foreign_tids: false,
+            unmapped_tids: false,
         }
     }
 
@@ -432,6 +449,49 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
     /// Operations whose call site found the segment's site table full.
     pub fn sites_overflowed(&self) -> u64 {
         self.view.as_ref().sites().map_or(0, |t| t.overflowed())
+    }
+
+    /// The producers' thread ids are in another pid namespace than ours
+    /// (the segment's creator lives in a container): records and episodes
+    /// keep them as `ns_tid` and leave `os_tid` 0 until
+    /// [`map_thread_ids`](Self::map_thread_ids) maps them. Call before the
+    /// first scan.
+    pub fn set_foreign_tids(&mut self) {
+        self.foreign_tids = true;
+    }
+
+    /// Whether some record or episode waits for its `os_tid`.
+    pub fn has_unmapped_tids(&self) -> bool {
+        self.unmapped_tids
+    }
+
+    /// Fills in `os_tid` where it is unknown from `map(ns_tid)` (None: not
+    /// known yet, asked again next time). Only does work while
+    /// [`has_unmapped_tids`](Self::has_unmapped_tids).
+    pub fn map_thread_ids(&mut self, mut map: impl FnMut(u32) -> Option<u32>) {
+        if !self.unmapped_tids {
+            return;
+        }
+        let mut missing = false;
+        for record in &mut self.rings {
+            if record.os_tid == 0 && record.ns_tid != 0 {
+                match map(record.ns_tid) {
+                    Some(tid) => record.os_tid = tid,
+                    None => missing |= record.state == slot_state::ACTIVE,
+                }
+            }
+        }
+        for episode in self.episodes.iter_mut().rev() {
+            if episode.os_tid == 0 && episode.ns_tid != 0 {
+                match map(episode.ns_tid) {
+                    Some(tid) => episode.os_tid = tid,
+                    // An episode whose thread left unmapped stays so; only
+                    // open ones keep asking.
+                    None => missing |= episode.end_mono_ns.is_none(),
+                }
+            }
+        }
+        self.unmapped_tids = missing;
     }
 
     /// The segment.
@@ -737,10 +797,13 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             } else {
                 record.episodes_seen
             };
+            let ns_tid = slot.os_tid.load(Ordering::Relaxed);
+            self.unmapped_tids |= self.foreign_tids && ns_tid != 0;
             *record = RingRecord {
                 slot: index,
                 generation,
-                os_tid: slot.os_tid.load(Ordering::Relaxed),
+                os_tid: if self.foreign_tids { 0 } else { ns_tid },
+                ns_tid,
                 thread_id: slot.thread_id.load(Ordering::Relaxed),
                 thread_name: read_text(&slot.thread_name, slot.thread_name_len.load(Ordering::Relaxed)),
                 dropped_seen,
@@ -856,6 +919,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                 seq,
                 slot: index,
                 os_tid: record.os_tid,
+                ns_tid: record.ns_tid,
                 thread_name: record.thread_name.clone(),
                 begin_mono_ns: to_mono(counters.episode_begin_ticks),
                 end_mono_ns: (!counters.in_episode).then(|| to_mono(counters.episode_end_ticks)),
@@ -1115,6 +1179,37 @@ mod tests {
             producer_thread_id: slot.thread_id.load(Ordering::Relaxed),
             ..Observation::new(id, op, flags, latency)
         })
+    }
+
+    #[test]
+    fn foreign_thread_ids_wait_for_their_mapping() {
+        let segment = segment(2);
+        let view = segment.view();
+        activate(view, 0, 7);
+        activate(view, 1, 8);
+        // Same namespace: the producer's tid is ours.
+        let mut local = Drainer::attach(view).unwrap();
+        local.scan();
+        assert_eq!(local.rings()[0].os_tid, 1007);
+        assert_eq!(local.rings()[0].ns_tid, 1007);
+        assert!(!local.has_unmapped_tids());
+        local.release_lease();
+        let mut drainer = Drainer::attach(view).unwrap();
+        drainer.set_foreign_tids();
+        drainer.scan();
+        let tids =
+            |d: &Drainer<&SegmentView>| d.rings().iter().map(|r| (r.ns_tid, r.os_tid)).collect::<Vec<_>>();
+        assert_eq!(tids(&drainer), vec![(1007, 0), (1008, 0)]);
+        assert!(drainer.has_unmapped_tids());
+        // One found now, the other later.
+        drainer.map_thread_ids(|ns| (ns == 1007).then_some(51007));
+        assert_eq!(tids(&drainer), vec![(1007, 51007), (1008, 0)]);
+        assert!(drainer.has_unmapped_tids());
+        drainer.map_thread_ids(|ns| Some(ns + 50000));
+        assert_eq!(tids(&drainer), vec![(1007, 51007), (1008, 51008)]);
+        assert!(!drainer.has_unmapped_tids());
+        // A mapping that is never asked again does no work.
+        drainer.map_thread_ids(|_| panic!("asked though everything is mapped"));
     }
 
     #[test]

@@ -28,8 +28,29 @@
 //!   middle of a pop, so breaking it cannot create a second consumer. A
 //!   holder that is alive but silent (stopped, or stuck) is *not* broken:
 //!   its heartbeat age is reported instead, because it may resume mid-pop.
-//!   Pids are compared in the segment creator's pid namespace; an agent and
-//!   an application in different pid namespaces are not supported.
+//!
+//! # Across pid namespaces
+//!
+//! `kill(pid, 0)` means something only in the pid namespace the pid was
+//! taken in, and an application in a container cannot see the host agent's
+//! pid at all (it would take the agent for dead and break its lease, making
+//! two consumers). So a consumer outside the segment creator's namespace
+//! ([`LeaseScope::Foreign`]) marks its words with [`FOREIGN_PID_BIT`], and:
+//!
+//! * a party in the creator's namespace judges a foreign *holder* by its
+//!   heartbeat (alive while younger than [`FOREIGN_STALE`]) and a foreign
+//!   *requester* as alive (a dead one's request, once granted, becomes a
+//!   holder whose heartbeat goes stale);
+//! * the foreign party judges a creator-namespace word that names the
+//!   creator by the creator's host pid, and any other such word as alive
+//!   (it cannot tell).
+//!
+//! Breaking a stale foreign lease trusts that a holder silent for
+//! [`FOREIGN_STALE`] is gone; one stopped that long and resumed can overlap
+//! the new holder by one scan. That is the price of a namespace the holder
+//! cannot be seen from; within one namespace, a silent holder is never
+//! broken. Foreign words assume all foreign parties share one pid namespace
+//! (the host's).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -67,15 +88,84 @@ pub enum TakeoverError {
 
 static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);
 
-/// A fresh lease word for this process: `pid << 32 | token`, never 0.
-pub fn new_word() -> u64 {
-    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed).max(1);
-    (u64::from(std::process::id()) << 32) | u64::from(token)
+/// Set in the pid half of a lease word written by a consumer outside the
+/// segment creator's pid namespace (pids stay below 2^22).
+pub const FOREIGN_PID_BIT: u32 = 1 << 31;
+
+/// How long a foreign holder's heartbeat may be silent before a party in
+/// the creator's namespace takes it for gone.
+pub const FOREIGN_STALE: Duration = Duration::from_secs(3);
+
+/// Where a consumer stands relative to the pid namespace of the segment's
+/// creator; see the [module docs](self).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseScope {
+    /// In the same pid namespace (the sidecar; an agent beside the app).
+    #[default]
+    Local,
+    /// Outside it, in an ancestor namespace (a host agent, the app in a
+    /// container).
+    Foreign {
+        /// The creator's pid in its own namespace (the header's `pid`).
+        owner_ns_pid: u32,
+        /// The creator's pid in ours.
+        owner_host_pid: u32,
+    },
 }
 
-/// The pid in a lease word.
+/// A fresh lease word for this process: `pid << 32 | token`, never 0.
+pub fn new_word() -> u64 {
+    new_word_in(LeaseScope::Local)
+}
+
+fn new_word_in(scope: LeaseScope) -> u64 {
+    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed).max(1);
+    let mut pid = std::process::id();
+    if matches!(scope, LeaseScope::Foreign { .. }) {
+        pid |= FOREIGN_PID_BIT;
+    }
+    (u64::from(pid) << 32) | u64::from(token)
+}
+
+/// The pid in a lease word (without [`FOREIGN_PID_BIT`]).
 pub fn word_pid(word: u64) -> u32 {
-    (word >> 32) as u32
+    (word >> 32) as u32 & !FOREIGN_PID_BIT
+}
+
+/// Whether a lease word was written from outside the creator's namespace.
+pub fn word_is_foreign(word: u64) -> bool {
+    (word >> 32) as u32 & FOREIGN_PID_BIT != 0
+}
+
+/// What a word is being judged as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Holder,
+    Requester,
+}
+
+/// Whether the party behind a nonzero `word` may still be alive, judged by
+/// a party in `scope` (see the [module docs](self)).
+fn word_alive(view: &SegmentView, word: u64, role: Role, scope: LeaseScope) -> bool {
+    let pid = word_pid(word);
+    match (word_is_foreign(word), scope) {
+        (true, LeaseScope::Local) => match role {
+            Role::Requester => true,
+            Role::Holder => {
+                let beat = view.live().consumer_heartbeat_ns.load(Ordering::Acquire);
+                clock::monotonic_ns().saturating_sub(beat) < FOREIGN_STALE.as_nanos() as u64
+            }
+        },
+        (true, LeaseScope::Foreign { .. }) => process_alive(pid),
+        (false, LeaseScope::Local) => process_alive(pid),
+        (
+            false,
+            LeaseScope::Foreign {
+                owner_ns_pid,
+                owner_host_pid,
+            },
+        ) => pid != owner_ns_pid || process_alive(owner_host_pid),
+    }
 }
 
 /// Proof of holding a segment's consumer lease. Give it back with
@@ -84,16 +174,22 @@ pub fn word_pid(word: u64) -> u32 {
 #[derive(Debug, PartialEq, Eq)]
 pub struct ConsumerLease {
     word: u64,
+    scope: LeaseScope,
 }
 
 impl ConsumerLease {
     /// Takes the lease of `view` if it is vacant or its holder is dead.
     pub fn acquire(view: &SegmentView) -> Result<Self, LeaseBusy> {
-        let word = new_word();
+        Self::acquire_in(view, LeaseScope::Local)
+    }
+
+    /// [`acquire`](Self::acquire) for a consumer in `scope`.
+    pub fn acquire_in(view: &SegmentView, scope: LeaseScope) -> Result<Self, LeaseBusy> {
+        let word = new_word_in(scope);
         let consumer = &view.live().consumer;
         let mut current = consumer.load(Ordering::Acquire);
         loop {
-            if current != 0 && process_alive(word_pid(current)) {
+            if current != 0 && word_alive(view, current, Role::Holder, scope) {
                 return Err(LeaseBusy {
                     holder_pid: word_pid(current),
                 });
@@ -102,7 +198,7 @@ impl ConsumerLease {
             // its last `head` stores are visible before we pop.
             match consumer.compare_exchange(current, word, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    let lease = Self { word };
+                    let lease = Self { word, scope };
                     lease.heartbeat(view, clock::monotonic_ns());
                     return Ok(lease);
                 }
@@ -140,7 +236,7 @@ impl ConsumerLease {
         if word == 0 {
             return None;
         }
-        if !process_alive(word_pid(word)) {
+        if !word_alive(view, word, Role::Requester, self.scope) {
             let _ = request.compare_exchange(word, 0, Ordering::AcqRel, Ordering::Relaxed);
             return None;
         }
@@ -176,26 +272,35 @@ impl ConsumerLease {
 #[derive(Debug)]
 pub struct TakeoverRequest {
     word: u64,
+    scope: LeaseScope,
 }
 
 impl TakeoverRequest {
     /// Takes the lease at once if possible (vacant or dead holder), else
     /// raises a request the holder answers between two scans.
     pub fn raise(view: &SegmentView) -> Result<Result<ConsumerLease, TakeoverRequest>, TakeoverError> {
-        if let Ok(lease) = ConsumerLease::acquire(view) {
+        Self::raise_in(view, LeaseScope::Local)
+    }
+
+    /// [`raise`](Self::raise) for a consumer in `scope`.
+    pub fn raise_in(
+        view: &SegmentView,
+        scope: LeaseScope,
+    ) -> Result<Result<ConsumerLease, TakeoverRequest>, TakeoverError> {
+        if let Ok(lease) = ConsumerLease::acquire_in(view, scope) {
             return Ok(Ok(lease));
         }
-        let word = new_word();
+        let word = new_word_in(scope);
         let request = &view.live().takeover_request;
         let mut current = request.load(Ordering::Acquire);
         loop {
-            if current != 0 && process_alive(word_pid(current)) {
+            if current != 0 && word_alive(view, current, Role::Requester, scope) {
                 return Err(TakeoverError::AnotherRequestPending {
                     requester_pid: word_pid(current),
                 });
             }
             match request.compare_exchange(current, word, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(Err(TakeoverRequest { word })),
+                Ok(_) => return Ok(Err(TakeoverRequest { word, scope })),
                 Err(actual) => current = actual,
             }
         }
@@ -205,9 +310,12 @@ impl TakeoverRequest {
     pub fn poll(&self, view: &SegmentView) -> Option<ConsumerLease> {
         let consumer = view.live().consumer.load(Ordering::Acquire);
         if consumer == self.word {
-            return Some(ConsumerLease { word: self.word });
+            return Some(ConsumerLease {
+                word: self.word,
+                scope: self.scope,
+            });
         }
-        if consumer == 0 || !process_alive(word_pid(consumer)) {
+        if consumer == 0 || !word_alive(view, consumer, Role::Holder, self.scope) {
             // Vacated: take it directly with our own word.
             let taken = view
                 .live()
@@ -216,7 +324,10 @@ impl TakeoverRequest {
                 .is_ok();
             if taken {
                 self.withdraw_request(view);
-                let lease = ConsumerLease { word: self.word };
+                let lease = ConsumerLease {
+                    word: self.word,
+                    scope: self.scope,
+                };
                 lease.heartbeat(view, clock::monotonic_ns());
                 return Some(lease);
             }
@@ -358,5 +469,84 @@ mod tests {
             .store(DEAD_PID << 32 | 1, Ordering::Release);
         assert_eq!(holder.pending_request(view), None);
         assert_eq!(view.live().takeover_request.load(Ordering::Acquire), 0);
+    }
+
+    /// A word from outside the creator's namespace whose pid means nothing
+    /// here (a dead pid, as an app in a container would see the host
+    /// agent's).
+    const FOREIGN_DEAD: u64 = ((FOREIGN_PID_BIT as u64 | DEAD_PID) << 32) | 3;
+
+    #[test]
+    fn a_foreign_holder_is_judged_by_its_heartbeat_not_its_pid() {
+        let segment = segment();
+        let view = segment.view();
+        let live = view.live();
+        assert!(word_is_foreign(FOREIGN_DEAD));
+        assert_eq!(word_pid(FOREIGN_DEAD), DEAD_PID as u32);
+        live.consumer.store(FOREIGN_DEAD, Ordering::Release);
+        live.consumer_heartbeat_ns
+            .store(clock::monotonic_ns(), Ordering::Release);
+        // Its pid is dead here, but it beat just now: not broken.
+        assert_eq!(
+            ConsumerLease::acquire(view).unwrap_err(),
+            LeaseBusy {
+                holder_pid: DEAD_PID as u32
+            }
+        );
+        // Silent for longer than FOREIGN_STALE: gone.
+        let stale = clock::monotonic_ns().saturating_sub(FOREIGN_STALE.as_nanos() as u64 + 1_000_000);
+        live.consumer_heartbeat_ns.store(stale, Ordering::Release);
+        let taken = ConsumerLease::acquire(view).unwrap();
+        assert!(taken.is_held(view));
+        assert!(!word_is_foreign(taken.word()));
+    }
+
+    #[test]
+    fn a_foreign_request_is_granted_though_its_pid_is_not_visible() {
+        let segment = segment();
+        let view = segment.view();
+        let holder = ConsumerLease::acquire(view).unwrap();
+        view.live()
+            .takeover_request
+            .store(FOREIGN_DEAD, Ordering::Release);
+        assert_eq!(holder.pending_request(view), Some(FOREIGN_DEAD));
+        holder.hand_over(view, FOREIGN_DEAD).unwrap();
+        assert_eq!(view.live().consumer.load(Ordering::Acquire), FOREIGN_DEAD);
+    }
+
+    #[test]
+    fn a_foreign_consumer_marks_its_words_and_judges_the_creator_by_its_host_pid() {
+        let segment = segment();
+        let view = segment.view();
+        let own = std::process::id();
+        // The creator (pid 1 in its namespace) holds the lease; its host pid
+        // is alive: busy.
+        let creator = (1u64 << 32) | 5;
+        view.live().consumer.store(creator, Ordering::Release);
+        let alive = LeaseScope::Foreign {
+            owner_ns_pid: 1,
+            owner_host_pid: own,
+        };
+        assert!(ConsumerLease::acquire_in(view, alive).is_err());
+        // Another process of that namespace (pid 2): cannot tell, busy, even
+        // though pid 2 on this side might be anything.
+        view.live().consumer.store((2u64 << 32) | 5, Ordering::Release);
+        let dead_owner = LeaseScope::Foreign {
+            owner_ns_pid: 1,
+            owner_host_pid: DEAD_PID as u32,
+        };
+        assert!(ConsumerLease::acquire_in(view, dead_owner).is_err());
+        // The creator itself, dead on the host: broken, and the new word is
+        // marked foreign.
+        view.live().consumer.store(creator, Ordering::Release);
+        let lease = ConsumerLease::acquire_in(view, dead_owner).unwrap();
+        assert!(word_is_foreign(lease.word()));
+        assert_eq!(word_pid(lease.word()), own);
+        // A raised request is foreign too.
+        let request = TakeoverRequest::raise_in(view, alive).unwrap();
+        assert!(
+            request.is_err(),
+            "a second foreign word waits: the live foreign holder is not broken"
+        );
     }
 }

@@ -220,12 +220,10 @@ impl ObservationRing {
     /// the fields one by one, so they travel in registers (a 24-byte
     /// `Observation` argument would travel through memory).
     ///
-    /// With the stamping (a possible call) inline, a loop of pushes kept
-    /// part of the observation on the stack: one more store per push.
-    /// While a consumer drains, stores are what a push waits for, and that
-    /// store made a push 0.86–0.90× rtrb's speed (`cargo bench -p
-    /// subetha-core --bench ring -- lossy_concurrent`, paired rounds);
-    /// without it, 1.02–1.20× (five runs).
+    /// With the stamping (a possible call) inline, a loop of pushes kept part
+    /// of the observation on the stack: one more store per push, and while a
+    /// consumer drains, stores are what a push waits for (`cargo bench -p
+    /// subetha-core --bench ring -- lossy_concurrent`, against rtrb).
     #[cold]
     #[inline(never)]
     fn stamp_then_cold<R>(

@@ -13,7 +13,7 @@
 //! instance_table_offset         [InstanceEntry; instance_capacity] (256 B each)
 //! ring_table_offset             [RingSlot; ring_slot_capacity] (64 B meta +
 //!                               64 B consumer accounting + ObservationRing)
-//! site_table_offset             SiteTableHead (64 B) + [SiteEntry; site_capacity]
+//! sites.offset (header @256)    SiteTableHead (64 B) + [SiteEntry; sites.capacity]
 //!                               (128 B each; see crate::site)
 //! ```
 //!
@@ -115,11 +115,11 @@ pub struct SegmentLayout {
     pub calibration: Calibration,
     /// CLOCK_MONOTONIC nanoseconds at creation.
     pub created_mono_ns: u64,
-    /// Byte offset of the call-site table ([`crate::site`]); 0 when
-    /// `site_capacity` is 0.
-    pub site_table_offset: u32,
-    /// Entries in the call-site table (0: none, an older producer).
-    pub site_capacity: u32,
+    /// Inode of the creator's pid namespace (`stat /proc/self/ns/pid`), so
+    /// that a consumer in another namespace checks `pid` in the right one;
+    /// 0 when unknown (no `/proc`, or a writer older than this field, which
+    /// was reserved and zero).
+    pub pid_ns_inode: u64,
 }
 
 /// Live, atomically accessed part of the header.
@@ -155,8 +155,25 @@ pub struct SegmentHeader {
     pub layout: SegmentLayout,
     /// Atomics.
     pub live: SegmentLive,
-    _reserved: [u8; HEADER_SIZE - 128 - 128],
+    /// Where the call-site table is (immutable, written before `magic`).
+    pub sites: SiteTableLayout,
+    _reserved: [u8; HEADER_SIZE - 128 - 128 - 8],
 }
+
+/// The call-site table's place in the segment, at byte 256 of the header
+/// page ([`crate::site`]). All zero in a segment without one (a writer
+/// older than the table, whose header page was zero there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct SiteTableLayout {
+    /// Byte offset of the table; 0 when `capacity` is 0.
+    pub offset: u32,
+    /// Entries (0: none).
+    pub capacity: u32,
+}
+
+/// Byte offset of [`SiteTableLayout`] in the header page.
+const SITE_LAYOUT_OFFSET: usize = 256;
 
 /// Instance entry states.
 pub mod instance_state {
@@ -318,6 +335,14 @@ pub enum SegmentError {
         /// Header value.
         found: u64,
         /// `/proc/<pid>/stat` value.
+        expected: u64,
+    },
+    /// The header names another pid namespace than the process's.
+    #[error("segment claims pid namespace {found}, process lives in pid namespace {expected}")]
+    PidNamespaceMismatch {
+        /// Header inode.
+        found: u64,
+        /// `/proc/<pid>/ns/pid` inode.
         expected: u64,
     },
     /// The header's uid is not the process's owner.
@@ -537,8 +562,7 @@ impl Segment {
             observation_size: size_of::<crate::Observation>() as u32,
             calibration: *clock::calibration(),
             created_mono_ns: clock::monotonic_ns(),
-            site_table_offset: geometry.site_table_offset as u32,
-            site_capacity: geometry.sites,
+            pid_ns_inode: own_pid_ns_inode().unwrap_or(0),
         };
         let header = mapping.base.as_ptr().cast::<SegmentLayout>();
         // SAFETY: the mapping is at least HEADER_SIZE bytes, page-aligned and
@@ -546,6 +570,14 @@ impl Segment {
         // magic (left 0 by the fresh mapping) and then publish the magic.
         unsafe {
             header.write(SegmentLayout { magic: 0, ..layout });
+            header
+                .cast::<u8>()
+                .add(SITE_LAYOUT_OFFSET)
+                .cast::<SiteTableLayout>()
+                .write(SiteTableLayout {
+                    offset: geometry.site_table_offset as u32,
+                    capacity: geometry.sites,
+                });
             fence(Ordering::Release);
             (*header.cast::<AtomicU64>()).store(MAGIC, Ordering::Release);
         }
@@ -599,13 +631,27 @@ fn create_sealed_memfd(len: usize) -> Result<OwnedFd, SegmentError> {
 }
 
 /// Field 22 of `/proc/self/stat`.
+///
+/// Read through `/proc/self`, not `/proc/<getpid()>`: in a pid namespace
+/// whose `/proc` was not remounted, the pid `getpid` returns names another
+/// process (or none) in the `/proc` this process sees.
 fn own_start_time() -> Option<u64> {
-    process_start_time(std::process::id())
+    stat_start_time(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// The inode of this process's pid namespace.
+fn own_pid_ns_inode() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
 /// Field 22 (`starttime`, clock ticks since boot) of `/proc/<pid>/stat`.
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of the text of a `/proc/<pid>/stat` file.
+fn stat_start_time(stat: &str) -> Option<u64> {
     // The command name (field 2) may contain spaces and parentheses: skip to
     // the last ')'. Field 3 is then the first after it; field 22 the 20th.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -622,6 +668,9 @@ pub struct Expectations {
     pub start_time_ticks: Option<u64>,
     /// That process's uid.
     pub uid: Option<u32>,
+    /// The inode of that process's pid namespace, checked against
+    /// [`SegmentLayout::pid_ns_inode`] unless the header left it 0.
+    pub pid_ns_inode: Option<u64>,
 }
 
 /// A validated handle on a segment's memory: the consumer side.
@@ -632,6 +681,7 @@ pub struct Expectations {
 pub struct SegmentView {
     base: NonNull<u8>,
     layout: SegmentLayout,
+    sites: SiteTableLayout,
     _mapping: Option<Mapping>,
 }
 
@@ -689,9 +739,11 @@ impl SegmentView {
     ) -> Result<Self, SegmentError> {
         let layout = Self::read_layout(base, len)?;
         validate(&layout, len, expect)?;
+        let sites = Self::read_site_layout(base, &layout)?;
         Ok(Self {
             base,
             layout,
+            sites,
             _mapping: None,
         })
     }
@@ -699,11 +751,26 @@ impl SegmentView {
     fn from_mapping(mapping: Mapping, expect: &Expectations) -> Result<Self, SegmentError> {
         let layout = Self::read_layout(mapping.base, mapping.len)?;
         validate(&layout, mapping.len, expect)?;
+        let sites = Self::read_site_layout(mapping.base, &layout)?;
         Ok(Self {
             base: mapping.base,
             layout,
+            sites,
             _mapping: Some(mapping),
         })
+    }
+
+    /// Copies the site table's place out of a header already validated
+    /// (so the page is mapped) and checks it against `layout`.
+    fn read_site_layout(base: NonNull<u8>, layout: &SegmentLayout) -> Result<SiteTableLayout, SegmentError> {
+        // SAFETY: the header page is mapped (validated: len ≥ HEADER_SIZE),
+        // the offset is 8-aligned within it, and the type is Pod. Volatile:
+        // one copy of bytes that may change under us.
+        let sites = unsafe {
+            std::ptr::read_volatile(base.as_ptr().add(SITE_LAYOUT_OFFSET).cast::<SiteTableLayout>())
+        };
+        validate_sites(layout, &sites)?;
+        Ok(sites)
     }
 
     fn read_layout(base: NonNull<u8>, len: usize) -> Result<SegmentLayout, SegmentError> {
@@ -769,11 +836,11 @@ impl SegmentView {
 
     /// The call-site table, if the segment has one.
     pub fn sites(&self) -> Option<crate::site::SiteTable<'_>> {
-        let capacity = self.layout.site_capacity as usize;
+        let capacity = self.sites.capacity as usize;
         if capacity == 0 {
             return None;
         }
-        let offset = self.layout.site_table_offset as usize;
+        let offset = self.sites.offset as usize;
         // SAFETY: validated: the head and `capacity` entries lie within the
         // mapping, page-aligned (so the 64-aligned head and the 4-aligned
         // entries after it are aligned), apart from the other tables; both
@@ -958,27 +1025,6 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
     if instance_table.start < ring_table.end && ring_table.start < instance_table.end {
         return Err(SegmentError::BadTable("instance and ring"));
     }
-    if layout.site_capacity > crate::site::MAX_SITES {
-        return Err(SegmentError::TooLarge {
-            field: "site",
-            found: layout.site_capacity,
-            max: crate::site::MAX_SITES,
-        });
-    }
-    if layout.site_capacity != 0 {
-        let offset = u64::from(layout.site_table_offset);
-        let len = crate::site::table_len(layout.site_capacity) as u64;
-        let sites = (offset.is_multiple_of(PAGE as u64) && offset >= HEADER_SIZE as u64)
-            .then(|| offset.checked_add(len))
-            .flatten()
-            .filter(|&end| end <= total)
-            .map(|end| offset..end)
-            .ok_or(SegmentError::BadTable("site"))?;
-        let overlaps = |other: &std::ops::Range<u64>| sites.start < other.end && other.start < sites.end;
-        if overlaps(&instance_table) || overlaps(&ring_table) {
-            return Err(SegmentError::BadTable("site and instance or ring"));
-        }
-    }
     layout
         .calibration
         .validate()
@@ -999,6 +1045,15 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
             expected: start,
         });
     }
+    if let Some(inode) = expect.pid_ns_inode
+        && layout.pid_ns_inode != 0
+        && layout.pid_ns_inode != inode
+    {
+        return Err(SegmentError::PidNamespaceMismatch {
+            found: layout.pid_ns_inode,
+            expected: inode,
+        });
+    }
     if let Some(uid) = expect.uid
         && layout.uid != uid
     {
@@ -1006,6 +1061,48 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
             found: layout.uid,
             expected: uid,
         });
+    }
+    Ok(())
+}
+
+/// Checks the site table's place against the validated `layout`: within
+/// the segment, page-aligned, after the header, apart from the other tables.
+fn validate_sites(layout: &SegmentLayout, sites: &SiteTableLayout) -> Result<(), SegmentError> {
+    let total = layout.total_size;
+    let instance_table = table_range(
+        layout.instance_table_offset,
+        layout.instance_capacity,
+        size_of::<InstanceEntry>(),
+        total,
+    )
+    .ok_or(SegmentError::BadTable("instance"))?;
+    let ring_table = table_range(
+        layout.ring_table_offset,
+        layout.ring_slot_capacity,
+        size_of::<RingSlot>(),
+        total,
+    )
+    .ok_or(SegmentError::BadTable("ring"))?;
+    if sites.capacity > crate::site::MAX_SITES {
+        return Err(SegmentError::TooLarge {
+            field: "site",
+            found: sites.capacity,
+            max: crate::site::MAX_SITES,
+        });
+    }
+    if sites.capacity != 0 {
+        let offset = u64::from(sites.offset);
+        let len = crate::site::table_len(sites.capacity) as u64;
+        let range = (offset.is_multiple_of(PAGE as u64) && offset >= HEADER_SIZE as u64)
+            .then(|| offset.checked_add(len))
+            .flatten()
+            .filter(|&end| end <= total)
+            .map(|end| offset..end)
+            .ok_or(SegmentError::BadTable("site"))?;
+        let overlaps = |other: &std::ops::Range<u64>| range.start < other.end && other.start < range.end;
+        if overlaps(&instance_table) || overlaps(&ring_table) {
+            return Err(SegmentError::BadTable("site and instance or ring"));
+        }
     }
     Ok(())
 }
@@ -1109,6 +1206,7 @@ mod tests {
             start_time_ticks: own_start_time(),
             // SAFETY: getuid cannot fail.
             uid: Some(unsafe { libc::getuid() }),
+            pid_ns_inode: None,
         };
         let other = SegmentView::map_fd(fd, &expect).unwrap();
         assert_eq!(other.layout(), &layout);
@@ -1157,6 +1255,21 @@ mod tests {
         assert!(matches!(
             SegmentView::map_fd(fd, &wrong_start),
             Err(SegmentError::StartTimeMismatch { .. })
+        ));
+        let ours = own_pid_ns_inode().expect("/proc/self/ns/pid");
+        assert_eq!(segment.view().layout().pid_ns_inode, ours);
+        let right_ns = Expectations {
+            pid_ns_inode: Some(ours),
+            ..Default::default()
+        };
+        assert!(SegmentView::map_fd(fd, &right_ns).is_ok());
+        let wrong_ns = Expectations {
+            pid_ns_inode: Some(ours + 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            SegmentView::map_fd(fd, &wrong_ns),
+            Err(SegmentError::PidNamespaceMismatch { .. })
         ));
     }
 

@@ -151,12 +151,27 @@ impl AgentProcess {
     /// `log`. Pass `--pid` (tests must not drain other tests' processes) and
     /// `--socket`/`--no-socket` (never the system socket).
     pub fn start(exe: &Path, args: &[&str], log: PathBuf) -> Self {
+        Self::start_in(&[], exe, args, log)
+    }
+
+    /// [`start`](Self::start) under `wrapper` (e.g. `setpriv --reuid 1000
+    /// ...`: the agent as another user); [`pid`](Self::pid) is then the
+    /// wrapper's, which `exec`s the agent.
+    pub fn start_in(wrapper: &[&str], exe: &Path, args: &[&str], log: PathBuf) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let listen = addr.to_string();
         let mut full = vec!["run", "--listen", listen.as_str()];
         full.extend_from_slice(args);
         let stderr = File::create(&log).expect("create the agent log");
-        let child = Command::new(exe)
+        let mut command = match wrapper.split_first() {
+            None => Command::new(exe),
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+        };
+        let child = command
             .args(&full)
             .env("SUBETHA_LOG", "info")
             .stdin(Stdio::null())
@@ -350,6 +365,9 @@ pub fn assert_conserved(report: &ProcessReport, truth: &Truth, context: &str) {
 /// A running `subetha-workload`. Killed on drop if still running.
 pub struct Workload {
     child: Child,
+    /// The workload's own pid when `child` is a wrapper (`unshare`) that
+    /// runs it in namespaces.
+    inner_pid: Option<u32>,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     /// The words after `ready`.
@@ -362,7 +380,23 @@ impl Workload {
     /// Starts `exe <args>` with `env` added to a cleaned environment and
     /// waits for its `ready` line.
     pub fn spawn(exe: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(exe);
+        Self::spawn_in(&[], exe, args, env)
+    }
+
+    /// [`spawn`](Self::spawn) under `wrapper` (a command line ending where
+    /// the workload's begins, e.g. `unshare --pid --fork --mount-proc
+    /// --kill-child`): [`pid`](Self::pid) is then the workload's own pid (in
+    /// our namespace), found among the wrapper's descendants by its
+    /// executable.
+    pub fn spawn_in(wrapper: &[&str], exe: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = match wrapper.split_first() {
+            None => Command::new(exe),
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+        };
         command
             .args(args)
             .env_remove("SUBETHA_SIDECAR")
@@ -384,6 +418,7 @@ impl Workload {
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut workload = Self {
             child,
+            inner_pid: None,
             stdin,
             stdout,
             ready: Vec::new(),
@@ -405,6 +440,15 @@ impl Workload {
                 _ => panic!("workload said {line:?} before ready"),
             }
         }
+        if !wrapper.is_empty() {
+            let root = workload.child.id();
+            let found = procfs::descendants(root).into_iter().find(|&pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(exe))
+            });
+            workload.inner_pid = Some(
+                found.unwrap_or_else(|| panic!("no {exe} among the descendants of {wrapper:?} (pid {root})")),
+            );
+        }
         workload
     }
 
@@ -419,9 +463,9 @@ impl Workload {
         line.trim_end().to_owned()
     }
 
-    /// The workload's pid.
+    /// The workload's pid (in our pid namespace).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner_pid.unwrap_or_else(|| self.child.id())
     }
 
     /// Polls `progress` until `done` accepts the (moving) truth.
@@ -538,10 +582,14 @@ impl SegmentProbe {
             .write(true)
             .open(format!("/proc/{pid}/fd/{}", memfds[0]))
             .expect("open the segment");
+        // A process in a container made its header with its own ids.
+        let ns = subetha_agent::pidns::PidNamespace::of(pid).expect("the process's namespaces");
+        let uid = subetha_agent::pidns::UidMap::of(pid).to_inside(getuid());
         let expect = Expectations {
-            pid: Some(pid),
+            pid: Some(ns.own_pid()),
             start_time_ticks: process_start_time(pid),
-            uid: Some(getuid()),
+            uid,
+            pid_ns_inode: Some(ns.inode),
         };
         let view = SegmentView::map_fd(file.as_fd(), &expect).expect("the segment validates");
         Self { view }

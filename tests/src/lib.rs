@@ -29,7 +29,10 @@
 //! | `agent_top.rs` | `top` in tmux: live rates, sorting, drill-down, storms; q / Ctrl-C / SIGTERM / panic restore the terminal; dead agent shown; no tty refused |
 //! | `agent_report.rs` | storm pictures: a staged preemption drawn as SVG, PNG and HTML with its lanes and the hog named |
 //! | `agent_prometheus_e2e.rs` | a real Prometheus scrapes the agent; its query API has the exact counts |
-//! | `agent_otlp.rs` | OTLP export decoded by an in-test collector: exact counts, final export, failures not fatal |
+//! | `agent_otlp.rs` | OTLP export decoded by an in-test collector: exact counts, per-process resources with semantic conventions, latency histograms, final export, failures not fatal |
+//! | `agent_pidns.rs` | apps in their own pid / pid+mount+user / nested pid namespaces: attached, host tids, balanced books; lying segments refused by check; registration from a container; a rootless container and a same-user agent |
+//! | `agent_cardinality.rs` | `/metrics` series stay under the stated bound with thread churn; per-thread series only on request; exited processes' series expire |
+//! | `agent_container.rs` | a process in a docker-shaped cgroup is labelled with its container id and service everywhere; `--label-from none` |
 //! | `contrib_rules.rs` | promtool checks and unit-tests the alert rules; dashboard and rule metric names exist in a real scrape |
 //! | `agent_config.rs` | the TOML config: unknown keys named, file values used, flags override |
 //! | `agent_service.rs` | sd_notify READY/STATUS/WATCHDOG/STOPPING, the systemd unit verified, man pages and completions |

@@ -66,3 +66,38 @@ pub fn maps_of_inode(pid: &str, name: &str, ino: u64) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// Every process descended from `root` (children first, then theirs),
+/// from the parent pids in `/proc/*/stat`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // Field 4 (ppid) is the second after the command's ')'.
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut index = 0;
+    while index < found.len() {
+        let parent = found[index];
+        found.extend(
+            parents
+                .iter()
+                .filter(|&&(_, ppid)| ppid == parent)
+                .map(|&(pid, _)| pid),
+        );
+        index += 1;
+    }
+    found.remove(0);
+    found
+}

@@ -6,7 +6,11 @@
 //! * Periodic exports carry the workloads' exact counts
 //!   ([`subetha_tests::fleet`]): every instance's ops, the bursty process's
 //!   drained and dropped observations and storms, as cumulative monotonic
-//!   sums, with the resource naming the service and host.
+//!   sums; the agent's resource names the service and host, and each
+//!   process is a resource of its own with OpenTelemetry's semantic
+//!   conventions (`process.pid`, `process.executable.name`, `service.name`,
+//!   `host.name`); latencies are explicit-bucket histograms whose buckets
+//!   add up to their count, not gauges per quantile.
 //! * SIGTERM exports one last time: with an hour-long period nothing is
 //!   sent before the signal, and the final counts arrive before exit 0.
 //! * A collector that is not there is logged, not fatal: the agent keeps
@@ -152,7 +156,8 @@ fn serve(stream: TcpStream, sink: &Mutex<Vec<Received>>, status: &AtomicU16) {
     }
 }
 
-/// One number data point, flattened.
+/// One number data point, flattened; its attributes include its
+/// resource's.
 #[derive(Debug)]
 struct Point {
     name: String,
@@ -177,13 +182,16 @@ fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {
     kvs.iter().map(|kv| (kv.key.clone(), text(&kv.value))).collect()
 }
 
-/// Every number data point of `request`.
+/// Every number data point of `request` (histograms are checked by
+/// [`histograms`]).
 fn points(request: &ExportMetricsServiceRequest) -> Vec<Point> {
     let mut out = Vec::new();
     for resource in &request.resource_metrics {
+        let resource_attributes = attributes(&resource.resource.as_ref().expect("a resource").attributes);
         for scope in &resource.scope_metrics {
             for metric in &scope.metrics {
                 let (data_points, cumulative_monotonic) = match &metric.data {
+                    Some(Data::Histogram(_)) => continue,
                     Some(Data::Sum(sum)) => (
                         &sum.data_points,
                         Some(
@@ -200,10 +208,12 @@ fn points(request: &ExportMetricsServiceRequest) -> Vec<Point> {
                         Some(NumberValue::AsDouble(d)) => d,
                         None => panic!("{}: a point without a value", metric.name),
                     };
+                    let mut merged = resource_attributes.clone();
+                    merged.extend(attributes(&point.attributes));
                     out.push(Point {
                         name: metric.name.clone(),
                         unit: metric.unit.clone(),
-                        attributes: attributes(&point.attributes),
+                        attributes: merged,
                         value,
                         cumulative_monotonic,
                     });
@@ -219,7 +229,7 @@ fn points(request: &ExportMetricsServiceRequest) -> Vec<Point> {
 fn sum_by(points: &[Point], metric: &str, pid: u32, by: &str) -> BTreeMap<String, u64> {
     let mut sums = BTreeMap::new();
     for point in points.iter().filter(|p| p.name == metric) {
-        if point.attributes.get("pid") != Some(&pid.to_string()) {
+        if point.attributes.get("process.pid") != Some(&pid.to_string()) {
             continue;
         }
         let key = if by.is_empty() {
@@ -264,7 +274,16 @@ fn assert_export_matches(request: &ExportMetricsServiceRequest, fleet: &Fleet) {
     for point in &ops {
         assert_eq!(point.cumulative_monotonic, Some(true), "{point:?}");
         assert_eq!(point.unit, "{operation}", "{point:?}");
-        for key in ["pid", "comm", "instance_id", "instance_name", "kind", "op"] {
+        for key in [
+            "process.pid",
+            "process.executable.name",
+            "service.name",
+            "host.name",
+            "instance_id",
+            "instance_name",
+            "kind",
+            "op",
+        ] {
             assert!(point.attributes.contains_key(key), "{key} missing: {point:?}");
         }
     }
@@ -297,17 +316,50 @@ fn assert_export_matches(request: &ExportMetricsServiceRequest, fleet: &Fleet) {
             .into_iter()
             .collect::<BTreeMap<_, _>>()
     );
-    // Gauges are gauges, in seconds where they are times.
-    let p99: Vec<&Point> = points
-        .iter()
-        .filter(|p| p.name == "subetha.instance.latency.p99")
-        .collect();
-    assert!(!p99.is_empty(), "latency quantiles exported");
-    for point in p99 {
-        assert_eq!(point.cumulative_monotonic, None, "{point:?}");
-        assert_eq!(point.unit, "s", "{point:?}");
-        assert!(point.value > 0.0 && point.value < 10.0, "{point:?}");
+    assert!(
+        points.iter().all(|p| !p.name.contains(".latency.p")),
+        "no gauge per quantile"
+    );
+    // Latencies are cumulative explicit-bucket histograms in seconds whose
+    // buckets add up, matching the snapshot's sample counts.
+    let mut latency_samples = 0;
+    for resource in &request.resource_metrics {
+        for metric in resource.scope_metrics.iter().flat_map(|s| &s.metrics) {
+            let Some(Data::Histogram(histogram)) = &metric.data else {
+                continue;
+            };
+            assert_eq!(metric.unit, "s", "{}", metric.name);
+            assert_eq!(
+                histogram.aggregation_temporality,
+                AggregationTemporality::Cumulative as i32
+            );
+            for point in &histogram.data_points {
+                assert_eq!(
+                    point.bucket_counts.len(),
+                    point.explicit_bounds.len() + 1,
+                    "{point:?}"
+                );
+                assert_eq!(point.bucket_counts.iter().sum::<u64>(), point.count, "{point:?}");
+                assert!(point.explicit_bounds.windows(2).all(|w| w[0] < w[1]), "{point:?}");
+                if metric.name == "subetha.instance.latency" {
+                    latency_samples += point.count;
+                }
+            }
+        }
     }
+    let snapshot_samples: u64 = fleet
+        .snapshot
+        .processes
+        .iter()
+        .flat_map(|p| &p.instances)
+        .flat_map(|i| &i.per_op)
+        .map(|op| op.latency_ns.count)
+        .sum();
+    assert!(snapshot_samples > 0, "the fleet measured latencies");
+    assert!(
+        latency_samples >= snapshot_samples,
+        "the histograms hold the latencies: {latency_samples} < {snapshot_samples}"
+    );
 }
 
 #[test]

@@ -205,9 +205,10 @@ fn prometheus_scrapes_the_agent_and_has_the_exact_counts() {
         agent_info[0].labels.get("version").map(String::as_str),
         Some(env!("CARGO_PKG_VERSION"))
     );
+    // Scan times are a histogram: its quantile over all scans so far.
     let scan_p99 = query_fresh(
         &prometheus,
-        "subetha_scan_duration_seconds{quantile=\"0.99\"}",
+        "histogram_quantile(0.99, subetha_scan_duration_seconds_bucket)",
         after,
         1,
     );
@@ -216,6 +217,7 @@ fn prometheus_scrapes_the_agent_and_has_the_exact_counts() {
         "a scan takes more than nothing, less than forever: {scan_p99:?}"
     );
     assert!(value("subetha_agent_scans_total".into()) > 0);
+    assert!(value("subetha_scan_duration_seconds_count".into()) > 0);
     let health = prometheus.target_health().expect("the targets API answers");
     assert_eq!(health.len(), 1, "{health:?}");
     assert_eq!(health[0].1, "up", "target health: {health:?}");

@@ -171,11 +171,11 @@ fn the_dashboard_is_importable_and_covers_the_essentials() {
     for essential in [
         "subetha_instance_ops_total",
         "subetha_instance_contended_total",
-        "subetha_instance_latency_seconds",
+        "subetha_instance_latency_seconds_bucket",
         "subetha_observations_dropped_total",
         "subetha_observations_drained_total",
         "subetha_storms_total",
-        "subetha_scan_duration_seconds",
+        "subetha_scan_duration_seconds_bucket",
         "subetha_probe_lost_events_total",
     ] {
         assert!(

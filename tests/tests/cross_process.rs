@@ -70,6 +70,7 @@ fn own_segment_memfds() -> Vec<i32> {
         pid: Some(std::process::id()),
         start_time_ticks: None,
         uid: None,
+        pid_ns_inode: None,
     };
     procfs::subetha_memfds("self")
         .into_iter()
@@ -140,6 +141,7 @@ fn another_process_drains_the_childs_segment_exactly() {
         pid: Some(pid),
         start_time_ticks: Some(process_start_time(pid).expect("child start time")),
         uid: Some(getuid()),
+        pid_ns_inode: None,
     };
     let wrong_pid = Expectations {
         pid: Some(pid + 1),
@@ -361,6 +363,7 @@ fn map_child(child: &mut Helper) -> SegmentView {
         pid: Some(info.pid),
         start_time_ticks: process_start_time(info.pid),
         uid: Some(getuid()),
+        pid_ns_inode: None,
     };
     SegmentView::map_fd(open_rw(info.pid, info.memfd).as_fd(), &expect)
         .expect("the child's segment validates")
@@ -433,6 +436,7 @@ fn map_again(view: &SegmentView) -> SegmentView {
         pid: Some(pid),
         start_time_ticks: Some(view.layout().start_time_ticks),
         uid: Some(view.layout().uid),
+        pid_ns_inode: None,
     };
     SegmentView::map_fd(open_rw(pid, fd).as_fd(), &expect).unwrap()
 }

@@ -18,6 +18,10 @@
 //!   the clock the probes use) and at most twice as long; without probes
 //!   still `scanner_preempted`, inferred from the scanner's `/proc`
 //!   schedstat with `low` confidence and no culprit;
+//! * **preemption in a container**: the same with the flood in pid, mount
+//!   and user namespaces of its own (`unshare`): the same verdict naming
+//!   the hog, and every storm names the flood's thread by its host tid
+//!   (with its own namespace's tid beside it);
 //! * **burst**: the producer pushes 200,000 observations back to back while
 //!   nothing hinders the scanner (see below), which scans every millisecond:
 //!   every storm is a `producer_burst`, with probes (`high`) and without
@@ -57,6 +61,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -141,7 +146,10 @@ struct Flood {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    /// Its pid here.
     pid: u32,
+    /// Its pid in its own pid namespace (what it reports).
+    ns_pid: u32,
 }
 
 /// The flood's JSON ground truth.
@@ -171,10 +179,18 @@ impl FloodTruth {
 }
 
 impl Flood {
-    /// Starts `subetha-flood <args>` (sidecar off, no agent socket) and
-    /// waits for `ready`.
-    fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(FLOOD)
+    /// Starts `subetha-flood <args>` (sidecar off, no agent socket) under
+    /// `wrapper` (e.g. `unshare ...`, or nothing) and waits for `ready`.
+    fn spawn(wrapper: &[&str], args: &[&str]) -> Self {
+        let mut command = match wrapper.split_first() {
+            None => Command::new(FLOOD),
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(FLOOD);
+                command
+            }
+        };
+        let mut child = command
             .args(args)
             .env("SUBETHA_SIDECAR", "off")
             .env("SUBETHA_AGENT_SOCKET", "/nonexistent/subetha-test.sock")
@@ -192,13 +208,25 @@ impl Flood {
             stdin,
             stdout,
             pid: 0,
+            ns_pid: 0,
         };
         let ready = flood.line("ready");
-        flood.pid = ready
+        flood.ns_pid = ready
             .strip_prefix("ready ")
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("flood said {ready:?}"));
-        assert_eq!(flood.pid, flood.child.id());
+        flood.pid = if wrapper.is_empty() {
+            assert_eq!(flood.ns_pid, flood.child.id());
+            flood.ns_pid
+        } else {
+            let root = flood.child.id();
+            subetha_tests::procfs::descendants(root)
+                .into_iter()
+                .find(|&pid| {
+                    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == Path::new(FLOOD))
+                })
+                .unwrap_or_else(|| panic!("no {FLOOD} among the descendants of {wrapper:?} (pid {root})"))
+        };
         flood
     }
 
@@ -245,7 +273,7 @@ impl Flood {
             end_mono_ns: n("end_mono_ns"),
             achieved_rate: json["achieved_rate"].as_f64().unwrap_or(0.0),
         };
-        assert_eq!(n("pid") as u32, self.pid);
+        assert_eq!(n("pid") as u32, self.ns_pid);
         assert_eq!(
             truth.attempted,
             truth.queued + truth.dropped + truth.lost,
@@ -455,7 +483,7 @@ struct Staged {
 /// with the hog after 300 ms; waits for the flood's exit and for every
 /// storm of its process to have a settled cause; checks conservation.
 fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> Staged {
-    stage_with(test, probes, flood_args, with_hog, false)
+    stage_with(test, probes, &[], flood_args, with_hog, false)
 }
 
 /// [`stage`]; with `unhindered_scanner` the agent's scan thread is made
@@ -465,6 +493,7 @@ fn stage(test: &str, probes: ProbeMode, flood_args: &[&str], with_hog: bool) -> 
 fn stage_with(
     test: &str,
     probes: ProbeMode,
+    wrapper: &[&str],
     flood_args: &[&str],
     with_hog: bool,
     unhindered_scanner: bool,
@@ -473,7 +502,7 @@ fn stage_with(
     // The test thread (flood control, snapshots, the hog's start and join)
     // stays on CPU 0.
     let _affinity = AffinityGuard::pin_current(PRODUCER_CPU);
-    let mut flood = Flood::spawn(flood_args);
+    let mut flood = Flood::spawn(wrapper, flood_args);
     let pid = flood.pid;
     // The burst tests scan every millisecond: a burst of at least 4.1 M
     // observations a second (a debug build's flood manages 14–18 M) then
@@ -673,6 +702,60 @@ fn probes_preempted_scanner_names_the_hog() {
     }
 }
 
+#[test]
+fn probes_preempted_scanner_of_a_containerized_app_names_the_hog() {
+    const TEST: &str = "probes_preempted_scanner_of_a_containerized_app_names_the_hog";
+    let _serial = serial();
+    if !probes_possible(TEST) {
+        return;
+    }
+    // The flood in pid, mount and user namespaces of its own, as a
+    // container runtime starts it: the same diagnosis as on the host, and
+    // storms name the producer by its host tid.
+    let wrapper = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--pid",
+        "--mount",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+    ];
+    let staged = stage_with(
+        TEST,
+        ProbeMode::On,
+        &wrapper,
+        &preemption_flood_args(),
+        true,
+        false,
+    );
+    let hog = staged.hog.unwrap();
+    let report = process(&staged.snapshot, staged.pid).unwrap();
+    assert_eq!(
+        report.nspid.len(),
+        2,
+        "the flood ran in its own pid namespace: {:?}",
+        report.nspid
+    );
+    for storm in storms_of(&staged.snapshot, staged.pid) {
+        assert_eq!(
+            storm.ns_tid,
+            staged.truth.tid,
+            "the flood's own tid: {}",
+            describe(storm)
+        );
+        assert!(
+            storm.tid != 0 && storm.tid != storm.ns_tid,
+            "a host tid, not the namespace's: {}",
+            describe(storm)
+        );
+    }
+    for storm in hog_storms(&staged, &hog) {
+        check_blames_the_hog(storm, &hog);
+    }
+}
+
 /// `storm` is blamed on the hog, with the kernel's evidence.
 fn check_blames_the_hog(storm: &StormReport, hog: &HogRun) {
     const TEST: &str = "probes_preempted_scanner_names_the_hog";
@@ -775,7 +858,7 @@ const BURST_ATTEMPTS: usize = 3;
 /// at once.
 fn stage_unhindered_burst(test: &str, probes: ProbeMode, confidence: &str) {
     for attempt in 1..=BURST_ATTEMPTS {
-        let staged = stage_with(test, probes, &burst_flood_args(), false, true);
+        let staged = stage_with(test, probes, &[], &burst_flood_args(), false, true);
         let hindered: Vec<String> = storms_of(&staged.snapshot, staged.pid)
             .into_iter()
             .filter(|storm| {

@@ -311,6 +311,7 @@ pub(crate) mod tests {
                 state: "active".into(),
                 generation: 1,
                 tid: pid + 1,
+                ns_tid: pid + 1,
                 thread_name: "worker-0".into(),
                 drained: process.drained,
                 dropped: process.dropped,

@@ -586,6 +586,16 @@ fn draw_process(
                 .unwrap_or_default()
         )),
         Line::from(format!(
+            "service {} · container {} · pod {} · pid {} in its namespace",
+            process.service.as_deref().unwrap_or("-"),
+            process
+                .container_id
+                .as_deref()
+                .map_or("-", |id| id.get(..12).unwrap_or(id)),
+            process.pod_uid.as_deref().unwrap_or("-"),
+            process.nspid.last().copied().unwrap_or(process.pid),
+        )),
+        Line::from(format!(
             "drained {} ({}/s) · dropped {} ({}/s) · lost (no ring) {} · unattributed {}",
             count(process.drained),
             rate(rates.map(|r| r.drained)),

@@ -1,6 +1,10 @@
 //! [`AdaptiveMutex`]: a [`Mutex`] whose spin-before-park budget is chosen
 //! by a built-in [`Policy`] from what the lock was observed doing.
 //!
+//! The `adaptive` group of `benches/primitives.rs` sets it against
+//! `parking_lot`, the plain [`Mutex`] and a pinned spin budget (`fixed_spin`),
+//! from the hammer to holds of tens of µs.
+//!
 //! # Mechanism
 //!
 //! The lock is a [`Mutex`] in adaptive mode (kind 7, `adaptive_mutex`;
@@ -32,12 +36,12 @@
 //! brings as many (a lock that spins long enough parks rarely).
 //!
 //! The wake-up is measured where it happens because it depends on what the
-//! waiter's CPU is doing. A separate measurement misleads: a futex
-//! ping-pong ([`measure_park_cost_ns`]) taken while two threads kept this
-//! 2-vCPU VM busy read 2.5–4 µs, while the lock's own waiters, whose CPUs
-//! go idle once they park, took 12–25 µs to wake (p50); with the
-//! ping-pong's figure as the cap, a lock held 20 µs at a time spun 2.5–4 µs,
-//! parked anyway, and ran at 86–96% of `parking_lot`'s throughput.
+//! waiter's CPU is doing. A separate measurement misleads: a futex ping-pong
+//! ([`measure_park_cost_ns`]) taken while other threads keep the CPUs busy
+//! wakes threads onto busy CPUs, while the lock's own waiters, whose CPUs go
+//! idle once they park, take far longer to wake; a budget capped by the
+//! ping-pong's figure spins too briefly for long holds and parks anyway (the
+//! `adaptive` group's `…/20000+20000ns` rows).
 //!
 //! Until a lock has had wake-ups of its own the policy uses that host
 //! measurement. It blocks for milliseconds, so it never runs on a
@@ -70,21 +74,17 @@
 //! 3. A hold time under [`AdaptiveConfig::yield_below_hold_ns`]: wait like
 //!    a plain `Mutex` (the `Y` bit). Such a lock is released and taken
 //!    again within nanoseconds; a waiter polling its word every few
-//!    `pause`s takes the word's cache line from the holder each time and
-//!    slows every hold, while `parking_lot`'s waiter soon yields and
-//!    leaves the holder alone (on the 2-CPU EPYC hosts, a hammered lock
-//!    ran at 34–54% of `parking_lot` polling for the minimum budget, and
-//!    at 96–105% yielding).
+//!    `pause`s takes the word's cache line from the holder each time and slows
+//!    every hold, while `parking_lot`'s waiter soon yields and leaves the
+//!    holder alone (the `adaptive` group's `…/hammer` rows).
 //! 4. Otherwise budget = the park cost (the lock's observed wake-up, see
 //!    above), at least [`AdaptiveConfig::min_spin_ns`]: a wait that ends
 //!    within it never parks, and one that does not has cost at most twice
-//!    what parking at once would have. (The budget used to be four hold
-//!    p90s, capped by the park cost, to spare CPU on short holds. A
-//!    waiter whose short wait is stretched, by a holder that was
-//!    preempted or by the waiters ahead of it, then parked after a few µs
-//!    and paid a wake-up of tens of µs. With holds of 500 ns and 500 ns
-//!    outside, two threads, the lock ran at 103–106% of `parking_lot`
-//!    that way, and a lock pinned at a 16 µs budget at 111–118%.)
+//!    what parking at once would have. (A budget of a few hold p90s, capped by
+//!    the park cost, would spare CPU on short holds, but a waiter whose short
+//!    wait is stretched, by a holder that was preempted or by the waiters
+//!    ahead of it, would then park early and pay a whole wake-up: the
+//!    `adaptive` group's `…/500+500ns` rows, against `fixed_spin`'s.)
 //!
 //! A word with the pin bit set is left alone. The policy finds its window
 //! for an instance through the word's `TAG` field (it assigns tags itself),
@@ -273,11 +273,11 @@ pub struct AdaptiveConfig {
     pub min_wake_samples: u64,
     /// Smallest budget.
     pub min_spin_ns: u64,
-    /// Holds shorter than this make the lock wait like a plain `Mutex`
-    /// (see the module docs). The default, 128 ns, lies between the holds
-    /// where yielding measured better or the same (the hammer's few ns, 50
-    /// ns) and those where polling for a budget held its own (500 ns and
-    /// up).
+    /// Holds shorter than this make the lock wait like a plain `Mutex` (see
+    /// the module docs). The default, 128 ns, lies between the holds where
+    /// yielding does at least as well (the `adaptive` group's `…/hammer` and
+    /// `…/50+100ns` rows) and those where polling for a budget does
+    /// (`…/500+500ns` and up).
     pub yield_below_hold_ns: u64,
     /// The cost of parking and being woken, which is the budget; `None`:
     /// observed on each lock's own wake-ups, and until a lock has any,
@@ -343,11 +343,11 @@ impl AdaptiveConfig {
     }
 }
 
-/// Measures the cost of parking a thread and waking it on this host, in
-/// ns: the median one-way hand-off of a futex ping-pong between two threads
-/// (64 round trips, a few ms of wall time, most of it asleep). It depends
-/// on load: on a virtual machine waking an idle virtual CPU costs tens of
-/// µs, waking a thread onto a busy one far less, so the shared measurement
+/// Measures the cost of parking a thread and waking it on this host, in ns:
+/// the median one-way hand-off of a futex ping-pong between two threads (64
+/// round trips, a few ms of wall time, most of it asleep). It depends on load:
+/// on a virtual machine waking an idle virtual CPU costs far more than waking
+/// a thread onto a busy one, so the shared measurement
 /// ([`shared_park_cost_ns`]) is repeated every [`PARK_COST_TTL`].
 ///
 /// Blocks the caller for the whole measurement: never call it on a scan

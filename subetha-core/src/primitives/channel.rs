@@ -15,9 +15,10 @@
 //! then every 64th, per thread stripe; the rest when the channel goes
 //! away), so the uncontended path costs crossbeam's operation plus one
 //! uncontended atomic add. Waits, misses and disconnections are pushed one
-//! by one. (One push per operation, two per message, out-ran the sidecar
-//! on a 2-CPU host: at 10–22 M messages a second the rings dropped 11–44%
-//! of them.) One instance covers the whole channel: every [`Sender`] and
+//! by one. (One push per operation, two per message, would out-run the sidecar
+//! on a small host and make the rings drop: the `channel` group's `…/spsc` and
+//! `…/mpmc` rows of `benches/primitives.rs`.) One instance covers the whole
+//! channel: every [`Sender`] and
 //! [`Receiver`] clone shares it, and it is unregistered, with its counts
 //! complete, when the last end is dropped. Disconnection semantics are
 //! crossbeam's (all senders gone: receivers drain what is left, then get
@@ -109,10 +110,9 @@ impl Observed {
         }
     }
 
-    /// Pushes a count: out of line, so the operation's own path stays a
-    /// few instructions. (With the push inlined, `done_at_once` was a call
-    /// that saved six registers: a one-thread send+recv took 28.4–28.8 ns
-    /// against crossbeam's 23.5–23.7 ns; since, 22.9–23.7 ns.)
+    /// Pushes a count: out of line, so the operation's own path stays a few
+    /// instructions. (With the push inlined, `done_at_once` was a call that
+    /// saved registers, which the `channel` group's `…/turns` rows show.)
     #[cold]
     #[inline(never)]
     fn emit_count(&self, op: u16, covered: u64) {

@@ -168,10 +168,10 @@ pub const KINDS: &[InstanceKind] = &[
 
 /// Hold-time sampling when the policy word leaves it at 0: 1 in 2^8 = 256.
 ///
-/// A sample costs two clock reads (12 ns each on the AMD EPYC of these
-/// hosts) and a push; at 1 in 64 that was a tenth of a hammered `Mutex`'s
-/// throughput on two threads (90–95% of `parking_lot`'s, against 102–104%
-/// at 1 in 256). A lock taken a million times a second still yields about
+/// A sample costs two clock reads and a push, which at 1 in 64 a hammered
+/// `Mutex` on two threads pays for in throughput (the `contended` group's
+/// `…/hammer/2` rows of `benches/primitives.rs`). A lock taken a million times
+/// a second still yields about
 /// 4,000 hold samples a second, and a consumer that suspects a lock raises
 /// its level through the policy word.
 pub const DEFAULT_SAMPLE_SHIFT: u32 = 8;

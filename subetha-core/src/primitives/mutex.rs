@@ -1,5 +1,8 @@
 //! [`Mutex`]: `parking_lot::Mutex` with observations.
 //!
+//! Its cost against `parking_lot::Mutex` is what the `uncontended` and
+//! `contended` groups of `benches/primitives.rs` show.
+//!
 //! Kind code 1 (`mutex`). Ops: `lock` (1, C + wait when it had to wait),
 //! `try_lock` (2, M when it failed; the timed variants set C and record the
 //! wait, M when they time out), `unlock` (3, sampled hold time). See the
@@ -21,12 +24,12 @@
 //! slow path take a timestamp, and it records the whole wait when it gets
 //! the lock.
 //!
-//! Nothing of the bookkeeping runs inside the hold: counts are decided
-//! after the release, and hold sampling before the acquisition (see
-//! `HOLD_DRAW`). On a 2-CPU host, any work inside an occasional hold, even
-//! one `rdtsc` in every 64th, tipped two threads sharing a lock with 50 ns
-//! sections from alternating into colliding: 78–87% of `parking_lot`'s
-//! throughput, against 86–101% without it.
+//! Nothing of the bookkeeping runs inside the hold: counts are decided after
+//! the release, and hold sampling before the acquisition (see `HOLD_DRAW`).
+//! Any work inside even an occasional hold (one `rdtsc` in every 64th) can tip
+//! two threads sharing a lock from alternating into colliding; the `contended`
+//! group's `…/50+100ns/2` rows of `benches/primitives.rs` show the lock
+//! against `parking_lot`'s.
 //!
 //! Uncontended `lock`s are reported as counts
 //! ([`Observation::FLAG_COUNT`](crate::Observation::FLAG_COUNT)): one
@@ -36,9 +39,10 @@
 //! lock word's 14-bit count, every 16,384 `lock`s; they add up to one
 //! batch, so the total stays exact.) A consumer's `lock` count may
 //! therefore lag a live mutex by up to 63 uncontended acquisitions; it is
-//! exact once the mutex is gone. Contended `lock`s, `try_lock`s and sampled holds are reported
-//! one by one. (One push per uncontended `lock` cost a 2-CPU host a fifth
-//! of a hammered lock's throughput, mostly in draining the observations.)
+//! exact once the mutex is gone. Contended `lock`s, `try_lock`s and sampled
+//! holds are reported one by one. (Counting keeps a push per uncontended
+//! `lock`, and the sidecar's draining of it, off a hammered lock: see the
+//! `contended` group's `…/hammer` rows.)
 //!
 //! An acquisition's observation is pushed when the lock is released, just
 //! after the release, so the ring push is not part of the critical section
@@ -60,9 +64,8 @@
 //! `lock_api::Mutex::<RawMutex, T>::new` (the raw `INIT`) and
 //! [`Mutex::unobserved`] build an unobserved mutex (no instance), usable in
 //! `static`s. It measures nothing: its waits read no clock, and its holds
-//! store nothing but the lock word (with a record in its holds, four
-//! threads sharing one for 50 ns sections on two CPUs ran at half of
-//! `parking_lot`'s throughput; without, 92%).
+//! store nothing but the lock word, so it runs as `parking_lot`'s does (the
+//! `unobserved` rows of the `contended` group).
 
 use std::cell::Cell;
 use std::fmt;
@@ -150,13 +153,12 @@ const PAUSES_PER_POLL: u32 = 4;
 pub const COUNT_BATCH: u32 = 64;
 const _: () = assert!(COUNT_BATCH.is_power_of_two() && COUNT_BATCH <= COUNT_MAX as u32 + 1);
 
-/// The lock word's count of uncontended `lock`s (modulo 2^14), read from
-/// the word a release replaced: which counts are due is decided after the
-/// release, from the value its atomic add returns, so the hold itself does
-/// no bookkeeping. (Any work inside the every-64th hold, even one `rdtsc`,
-/// cost a two-thread lock with 50 ns sections a tenth of its throughput on
-/// a 2-CPU VM: an occasional longer hold tips the threads from alternating
-/// into colliding.)
+/// The lock word's count of uncontended `lock`s (modulo 2^14), read from the
+/// word a release replaced: which counts are due is decided after the release,
+/// from the value its atomic add returns, so the hold itself does no
+/// bookkeeping. (Any work inside the every-64th hold, even one `rdtsc`, makes
+/// an occasional hold longer, and an occasional longer hold can tip two
+/// threads from alternating into colliding; see the module docs.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct LockCount(u16);
 
@@ -287,21 +289,21 @@ enum Spin {
 /// | 16–31 | `hold_start`, `wait_high`, `sites` | the holder of a sampled hold, of a wait, or of a hold begun while threads were parked |
 /// | 32–39 (+ data) | `wait`, `pending`, `parkers`, `state` | acquisitions that are not plain uncontended `lock`s, parking waiters, and every release |
 ///
-/// A line the first two chunks share with the third is then written
-/// rarely, so every hand-over, contended or not, moves one line between
-/// cores, as with `parking_lot`; reading the instance id or the sampling
-/// mask from the first chunk finds it in cache. (With `pending` at byte 8
-/// and a counter at 32, a `Mutex<u64>` in an `Arc` had the two split from
-/// the word in half of the placements; 50 ns critical sections then ran at
-/// 32–37% of `parking_lot` in a split placement against 45–49% in the
-/// other.) For data aligned to more than 8 bytes the data starts in the
-/// next chunk; the bookkeeping still shares the word's.
+/// A line the first two chunks share with the third is then written rarely, so
+/// every hand-over, contended or not, moves one line between cores, as with
+/// `parking_lot`; reading the instance id or the sampling mask from the first
+/// chunk finds it in cache. (Bookkeeping placed where an allocation's address
+/// can split it from the word, `pending` at byte 8, say, makes the lock's
+/// speed depend on its placement, each hand-over moving a second line in the
+/// split ones: the `contended` group's `subetha/…/50+100ns` rows.) For data
+/// aligned to more than 8 bytes the data starts in the next chunk; the
+/// bookkeeping still shares the word's.
 ///
 /// A plain uncontended `lock` writes nothing but the lock word: its count
-/// lives in the word's upper bits and the release's atomic add counts it.
-/// (With a counter in a field of its own, one more store per `lock`, the
-/// lock ran a two-thread hammer at 80–86% of `parking_lot`'s throughput,
-/// against 99–108% with the same loads and tests but no store.)
+/// lives in the word's upper bits and the release's atomic add counts it. (A
+/// counter in a field of its own would cost every `lock` one more store, which
+/// a hammered lock pays for in throughput: the `contended` group's
+/// `…/hammer/2` rows.)
 #[repr(C)]
 pub struct RawMutex {
     sampler: Sampler,
@@ -387,8 +389,9 @@ thread_local! {
     /// added to the hold but two stores. Nothing of the lock can decide it
     /// then (its count is only known once the lock is taken, and reading
     /// its line before the `lock bts` slows a hammered lock), and a
-    /// per-thread countdown costs every `lock` a store (a hammered lock
-    /// lost a tenth of its throughput to it). So the draws are scheduled by
+    /// per-thread countdown costs every `lock` a store, which a hammered lock
+    /// pays for in throughput (the `contended` group's `…/hammer` rows). So
+    /// the draws are scheduled by
     /// the locks' counts: a thread whose release ends a batch of
     /// [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any mutex) owes
     /// a draw with weight [`HOLD_SAMPLE_EVERY`], and its next `lock`, of
@@ -549,12 +552,11 @@ impl RawMutex {
     /// lock word's count; wakes a thread that parked meanwhile. Returns
     /// the word it replaced.
     ///
-    /// It does not load the word first: the release of a plain
-    /// uncontended `lock` that saw no parked thread is this alone. (A load
-    /// before the add cost an uncontended `lock`+`unlock` about 0.7 ns:
-    /// 6.5–8.0 ns with it, 5.9–6.6 ns without, `parking_lot` 5.9–6.5 ns;
-    /// and a hammered lock runs at about its uncontended ratio to
-    /// `parking_lot`.)
+    /// It does not load the word first: the release of a plain uncontended
+    /// `lock` that saw no parked thread is this alone. (A load before the add
+    /// would lengthen the uncontended `lock`+`unlock`, the `uncontended`
+    /// group's `subetha` row against `parking_lot`'s, and a hammered lock runs
+    /// at about its uncontended ratio to `parking_lot`.)
     ///
     /// # Safety
     ///
@@ -650,13 +652,11 @@ impl RawMutex {
     /// so nothing is written unless threads are parked.
     ///
     /// Parked threads are learnt from `parkers`, the byte beside the lock
-    /// word, not from the word's PARKED_BIT: on a 2-vCPU Xeon a load of the
-    /// bytes the `lock bts` had just written cost ~3 ns (a lock+unlock
-    /// microbenchmark: 17.3–19.7 ns with it, 14.7–16.3 without it,
-    /// 15.8–16.6 reading the next byte instead; `parking_lot` 15.5–16.1),
-    /// and a two-thread hammer of the unobserved lock ran at 78% of
-    /// `parking_lot` with it, 96% with no check at all, 88–90% reading
-    /// `parkers`. A parker counts itself before its Release
+    /// word, not from the word's PARKED_BIT: a load of the bytes the `lock
+    /// bts` has just written costs the fast path more than a load of the byte
+    /// beside them (the `uncontended` group's rows, and the `contended`
+    /// group's `unobserved/hammer/2` row). A parker counts itself before its
+    /// Release
     /// compare-and-swap sets PARKED_BIT, and this `lock bts` is an Acquire
     /// in that word's release sequence, so a `lock` that finds the bit set
     /// finds the count too. A count that reads 0 anyway (256 parkers, or a
@@ -813,13 +813,13 @@ impl RawMutex {
         // A sampled hold's site is known, so its release can stamp it for
         // the next waiter (interned before the lock is taken).
         let site_id = self.probe.site_id(site);
-        // An adaptive lock's policy needs the critical section alone: it
-        // reads the clock once the lock is taken. (Read before the `lock
-        // bts`, a hammered lock's samples included the wait for the lock
-        // word's line, up to a p50 of 81 ns; the policy then stopped the
-        // yielding that suits a hammered lock, and hammer/4 fell to 62% of
-        // `parking_lot`.) A plain `Mutex` keeps its hold free of clock
-        // reads, at the price of samples that include that acquisition.
+        // An adaptive lock's policy needs the critical section alone: it reads
+        // the clock once the lock is taken. (Read before the `lock bts`, a
+        // hammered lock's samples would include the wait for the lock word's
+        // line, enough to make the policy stop the yielding that suits a
+        // hammered lock: the `adaptive` group's `…/hammer` rows.) A plain
+        // `Mutex` keeps its hold free of clock reads, at the price of samples
+        // that include that acquisition.
         let before = if self.adaptive { 0 } else { clock::ticks() };
         if self.lock_fast() {
             self.sites.set(SiteWord::own(site_id).0);
@@ -832,14 +832,13 @@ impl RawMutex {
         }
     }
 
-    /// The contended `lock`: waits, then records the wait. `sampled`: a
-    /// draw already chose to sample this hold; otherwise it is sampled by
-    /// the thread's operation number, as a `try_lock` is (a contended
-    /// `lock` is reported on its own, so it brings the thread no draw;
-    /// without this, a lock taken mostly after waits had its holds sampled
-    /// far below its level: 1 in ~5,000 at 1 in 256, where 95% of
-    /// acquisitions waited). Decided before the wait, so the hold itself
-    /// only stores its start.
+    /// The contended `lock`: waits, then records the wait. `sampled`: a draw
+    /// already chose to sample this hold; otherwise it is sampled by the
+    /// thread's operation number, as a `try_lock` is (a contended `lock` is
+    /// reported on its own, so it brings the thread no draw; without this, a
+    /// lock taken mostly after waits would have its holds sampled far below
+    /// its level). Decided before the wait, so the hold itself only stores its
+    /// start.
     #[cold]
     #[inline(never)]
     fn lock_contended(&self, sampled: bool, site: &'static Location<'static>) {
@@ -862,12 +861,13 @@ impl RawMutex {
         let mut pending = self.record_wait(op::LOCK, now.saturating_sub(start).max(1), sites);
         if sampled {
             // The wait's end is read before the compare-and-swap that takes
-            // the lock, which on a contended line costs ~100 ns: an adaptive
-            // lock, whose policy needs the critical section alone (see
+            // the lock, which is slow on a contended line: an adaptive lock,
+            // whose policy needs the critical section alone (see
             // `lock_drawing_a_sample`), reads the clock again once it holds
-            // the lock. (With `now`, a hammered adaptive lock's sampled
-            // holds read a p90 of 132–151 ns, above the yield threshold,
-            // and the policy polled where it should yield.)
+            // the lock. (With `now`, a hammered adaptive lock's sampled holds
+            // would include that compare-and-swap and could read above the
+            // yield threshold, and the policy would poll where it should
+            // yield.)
             self.hold_start
                 .set(if self.adaptive { clock::ticks() } else { now });
             pending |= PENDING_SAMPLED;
@@ -1178,12 +1178,12 @@ impl RawMutex {
     ///
     /// The policy needs the critical section alone, as at the hold's start
     /// (see [`lock_drawing_a_sample`](Self::lock_drawing_a_sample)): the
-    /// release's `lock xadd` waits for the lock word's line whenever a
-    /// waiter has read it, so on a hammered lock a hold that ends after it
-    /// measures the line's hand-off, not the section. (On a 2-vCPU Xeon the
-    /// samples of an empty section read a p50 of 106 ns that way, p90 over
-    /// the policy's 128 ns: it chose to poll, and the hammered
-    /// `AdaptiveMutex` ran at 37–49% of `parking_lot`.)
+    /// release's `lock xadd` waits for the lock word's line whenever a waiter
+    /// has read it, so on a hammered lock a hold that ends after it measures
+    /// the line's hand-off, not the section. (Measured that way, an empty
+    /// section's samples can read above the policy's yield threshold, and it
+    /// would poll where it should yield: the `adaptive` group's `…/hammer`
+    /// rows.)
     #[inline(always)]
     fn adaptive_hold_end(&self) -> u64 {
         if self.adaptive { clock::ticks() } else { 0 }
@@ -1373,13 +1373,13 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
             let pending = self.pending.get();
             let (wait, wait_high, sites) = (self.wait.get(), self.wait_high.get(), self.sites.get());
             let hold_start = self.hold_start.get();
-            // A plain `lock` is counted in the lock word at its release.
-            // Count it at the bump's release instead: a thread that takes
-            // the lock plainly in between must read the count after it, or
-            // it would take this hold's place and end the same count again
-            // (a CI run saw 64 `lock`s reported twice). A count it ends
-            // goes out now; its release then counts nothing
-            // (`PENDING_QUIET`), and a sampled hold still goes out there.
+            // A plain `lock` is counted in the lock word at its release. Count
+            // it at the bump's release instead: a thread that takes the lock
+            // plainly in between must read the count after it, or it would
+            // take this hold's place and end the same count again (its `lock`s
+            // reported twice). A count it ends goes out now; its release then
+            // counts nothing (`PENDING_QUIET`), and a sampled hold still goes
+            // out there.
             let plain = pending & PENDING_KIND == PENDING_NOTHING;
             let count = if plain { COUNT_ONE } else { 0 };
             let site = if pending & PENDING_SITE != 0 {
@@ -1885,11 +1885,12 @@ mod tests {
         assert_eq!(ops, total, "{contended} of them contended");
     }
 
-    /// A bump in the middle of a plain hold that ends a count: a thread
-    /// that takes the lock plainly during the bump must not end the same
-    /// count again (the word's count did not yet include the bumped hold,
-    /// so it looked due a second time: 64 `lock`s reported twice, seen
-    /// once in a CI run of the test above). One thread bumps every hold;
+    /// A bump in the middle of a plain hold that ends a count: a thread that
+    /// takes the lock plainly during the bump must not end the same count
+    /// again (the word's count did not yet include the bumped hold, so it
+    /// looked due a second time, and its `lock`s were reported twice). One
+    /// thread bumps every hold; the other only takes plain `lock`s, so they
+    /// meet in the gap often.
     /// the other only takes plain `lock`s, so they meet in the gap often.
     #[test]
     fn a_bumped_hold_and_a_lock_taken_during_the_bump_end_no_count_twice() {
@@ -1975,12 +1976,12 @@ mod tests {
         assert_eq!(op(&r, op::LOCK), (2, 1, 0, 1));
     }
 
-    /// Runs `f` on a new thread that blocks on `m` (which the caller
-    /// holds) and returns once that thread sits in `parking_lot_core`'s
-    /// queue for the lock. PARKED_BIT alone is not enough (the thread sets
-    /// it before it queues itself, and a release in between wakes nobody),
-    /// nor is the thread's sleeping state: it can sleep on the queue's own
-    /// lock, still unqueued. Both failed that way under a loaded CI run.
+    /// Runs `f` on a new thread that blocks on `m` (which the caller holds)
+    /// and returns once that thread sits in `parking_lot_core`'s queue for the
+    /// lock. PARKED_BIT alone is not enough (the thread sets it before it
+    /// queues itself, and a release in between wakes nobody), nor is the
+    /// thread's sleeping state: it can sleep on the queue's own lock, still
+    /// unqueued. Either can mislead a test on a loaded host.
     fn spawn_parked<T: Send + 'static>(
         m: &Arc<Mutex<T>>,
         f: impl FnOnce(&Mutex<T>) + Send + 'static,
@@ -2183,17 +2184,16 @@ mod tests {
     /// when a fair turn is due. With the bare add the lock would be free
     /// for a moment, and a thread spinning on `try_lock` would take it.
     ///
-    /// The state is built directly rather than raced for (a race that
-    /// needed a woken thread to be slower than its waker came out the
-    /// other way in all 20 tries under a loaded CI run): a waiter parks
-    /// behind the main thread's hold; the main thread clears LOCKED_BIT
-    /// alone, as if it had released just before the waiter's park, so
-    /// PARKED_BIT stays set with nobody woken, and takes the lock again
-    /// with a plain `lock`.
+    /// The state is built directly rather than raced for (a race that needs a
+    /// woken thread to be slower than its waker is unreliable on a loaded
+    /// host): a waiter parks behind the main thread's hold; the main thread
+    /// clears LOCKED_BIT alone, as if it had released just before the waiter's
+    /// park, so PARKED_BIT stays set with nobody woken, and takes the lock
+    /// again with a plain `lock`.
     ///
-    /// Three runs: the release without the hand-off loses to the thief in
-    /// about three of five (the woken waiter's own attempt to take the lock
-    /// on a fair turn sometimes wins anyway).
+    /// Three runs: the release without the hand-off loses to the thief only
+    /// some of the time (the woken waiter's own attempt to take the lock on a
+    /// fair turn sometimes wins anyway), so one run could miss it.
     ///
     /// The runs happen in a child process of this test binary, alone: the
     /// fair turn is due when a timer of `parking_lot_core`'s hash bucket

@@ -28,9 +28,9 @@
 //! many counting *slots*: a thread takes a free slot at its first count
 //! and gives it back when it exits. While it holds slot `k` it is the only
 //! thread that stores to stripe `k` of any `OpCounts`, so its count is a
-//! load and a store, not a locked read-modify-write. (With `lock xadd` an
-//! uncontended `RwLock::read` took 7.3–8.3 ns against `parking_lot`'s 5.6,
-//! with a load and a store 6.3.) The slot's hand-over from an exited
+//! load and a store, not a locked read-modify-write, which would cost an
+//! uncontended `RwLock::read` (the `rwlock` group's `subetha/read/1` row of
+//! `benches/primitives.rs`). The slot's hand-over from an exited
 //! thread to the next (a Release when it is given back, an Acquire when
 //! it is taken) orders the two threads' stores. A thread that finds no
 //! free slot (more than [`STRIPES`] live threads have counted) counts on

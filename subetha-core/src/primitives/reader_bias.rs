@@ -132,8 +132,9 @@ pub(crate) fn revoke<'a>(
 /// it ends lasted less than 64 revocations' time, so a lock written
 /// between every few reads settles on reading through its word, and
 /// halves (down to [`MIN_SCALE`](Self::MIN_SCALE), BRAVO's fixed 9)
-/// otherwise. (With the fixed 9, a prototype's mixed workload, one write
-/// in eight operations, ran at 51–84% of `parking_lot`; adapted, 89–96%.)
+/// otherwise. (A fixed 9 biases a lock written one in eight operations again
+/// too soon, and each bias costs a revocation: the `rwlock` group's `…/mixed`
+/// rows of `benches/primitives.rs`.)
 /// All times in clock ticks; the fields are only hints, so Relaxed.
 #[derive(Debug)]
 pub(crate) struct BiasPolicy {

@@ -1,5 +1,8 @@
 //! [`RwLock`]: `parking_lot::RwLock` with observations.
 //!
+//! Its cost against `parking_lot::RwLock` is what the `rwlock` group of
+//! `benches/primitives.rs` shows.
+//!
 //! Kind code 2 (`rwlock`). Ops: `read` (1), `try_read` (2), `write` (3),
 //! `try_write` (4), `read_unlock` (5, sampled read hold), `write_unlock` (6,
 //! sampled write hold), `upgrade` (7). See the [table](super#op-kinds).
@@ -13,11 +16,10 @@
 //! Uncontended `read`s and `write`s are counted, not pushed one by one
 //! (see [`op_counts`](super::op_counts)): a count at the 1st, 2nd, 4th …
 //! 64th, then every 64th, per thread stripe, and the rest when the lock is
-//! dropped. Waits, `try_*`s and sampled holds are pushed one by one. (With
-//! one push per operation, 50 ns reads and writes under two and four
-//! threads ran at 58–62% of `parking_lot`: the sidecar that drained ten
-//! million observations a second took its CPU time from the lock's threads
-//! on a 2-CPU host.)
+//! dropped. Waits, `try_*`s and sampled holds are pushed one by one. (A push
+//! per operation would have the sidecar drain an observation per operation,
+//! CPU time it takes from the lock's threads on a small host: the `rwlock`
+//! group's `…/mixed/{2,4}` rows of `benches/primitives.rs`.)
 //!
 //! Nothing is counted or pushed inside a read or write hold (a wait's end
 //! is read off the clock in it, as the acquisition returns): an
@@ -69,13 +71,12 @@
 //! a contended `write` (or `upgrade`) with that wait; a `try_write` that
 //! finds one misses. After a revocation the lock reads through its word
 //! for a while, longer the sooner the bias was revoked again, so a lock
-//! written often behaves like `parking_lot`'s. (Two threads hammering
-//! `read()` ran at 4–6× `parking_lot`'s throughput with the bias, 75–89%
-//! without; reads and writes mixed one in eight did not move beyond the
-//! noise.) A thread holds at most one lock through its slot (further
-//! holds of that lock count there, so a recursive read never waits for a
-//! writer that waits for it); its holds of other locks go through their
-//! words as before.
+//! written often behaves like `parking_lot`'s. (The `rwlock` group's
+//! `…/read/{2,4}` rows show what the bias gives readers, its `…/mixed` rows
+//! what a lock also written keeps.) A thread holds at most one lock through
+//! its slot (further holds of that lock count there, so a recursive read never
+//! waits for a writer that waits for it); its holds of other locks go through
+//! their words as before.
 //!
 //! An unobserved lock ([`RwLock::unobserved`], the raw `INIT`) is never
 //! biased and reads no clock even when it waits; its blocking `read` and
@@ -145,10 +146,9 @@ pub mod op {
 ///
 /// Exclusive holds keep theirs here too, not in the lock: every reader
 /// loads the lock's bookkeeping, and a store there by a writer takes that
-/// line from all of them. (Kept in the lock, with jittered 50 ns reads and
-/// writes on four threads, the lock ran at 87.1–94.8% of `parking_lot`
-/// when placed with its bookkeeping on a line apart from the word and at
-/// 91.6–95.1% on one line; kept here, at 91.2–97.9% at any placement.)
+/// line from all of them. (Kept in the lock, the writer's store would make the
+/// lock's speed depend on whether its bookkeeping shares a line with the word;
+/// kept here, it does not: the `rwlock` group's `…/mixed-jitter/4` rows.)
 #[derive(Clone, Copy, Debug)]
 struct HoldReport {
     /// The lock's address.
@@ -284,9 +284,9 @@ struct Observed {
 /// only 16-byte alignment, so the word and the first 8 bytes of the data
 /// share the one 16-byte chunk that is always in a single cache line, as
 /// they do in `parking_lot::RwLock` (see [`RawMutex`](super::RawMutex)
-/// for the same reasoning). (With the word first, 48 bytes, a `u64` behind
-/// an `Arc` sat on the next line: 50 ns reads and writes from two threads
-/// ran the unobserved lock at 90% of `parking_lot`.)
+/// for the same reasoning). (With the word first, 48 bytes, a `u64` behind an
+/// `Arc` would sit on the next line, one more line moved per hand-over: the
+/// `rwlock` group's `unobserved/mixed/2` row.)
 ///
 /// | bytes | fields | read | written |
 /// |---|---|---|---|
@@ -294,11 +294,11 @@ struct Observed {
 /// | 16–31 | `observed` | every operation | never |
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
-/// Otherwise no operation writes outside the word: what a write hold's
-/// release reports waits on the holder's thread (`HoldReport`). (With
-/// `bias` at byte 16 instead, an uncontended biased `read` took 6.7–9.2
-/// ns in one-case runs, at byte 12 6.3–7.2 ns: the same code, one load
-/// moved. Why, I have not found.)
+/// Otherwise no operation writes outside the word: what a write hold's release
+/// reports waits on the holder's thread (`HoldReport`). (Where `bias` sits in
+/// the first chunk moves the uncontended biased `read`, the `rwlock` group's
+/// `subetha/read/1` row, with the same code and one load moved, for a reason
+/// not yet found; it sits where that row is fastest.)
 #[repr(C)]
 pub struct RawRwLock {
     sampler: Sampler,
@@ -987,10 +987,9 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     fn lock_shared(&self) {
         // Unobserved: nothing to tell apart, so `parking_lot`'s own
         // acquisition, not a `try` first. (Its `try` retries at once a
-        // compare-and-swap that lost to another reader's, where its
-        // `lock` backs off first. Two or four threads hammering `read()`, two
-        // alternating runs each of `--bench rwlock`: 84.0–86.5% of
-        // `parking_lot` with the `try` first, 86.5–98.0% without.)
+        // compare-and-swap that lost to another reader's, where its `lock`
+        // backs off first, which readers hammering the lock pay for: the
+        // `rwlock` group's `unobserved/read/{2,4}` rows.)
         if self.observed.is_none() {
             self.remember_shared_hold();
             self.inner.lock_shared();
@@ -1029,12 +1028,9 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     #[inline(always)]
     #[track_caller]
     fn lock_exclusive(&self) {
-        // Nothing of the lock is read before the compare-and-swap: a load
-        // of its line there costs the swap its exclusive ownership, as the
-        // `Mutex`'s does. (50 ns reads and writes mixed one in eight on two
-        // threads, six alternating runs: 91.4-94.3% of `parking_lot` with
-        // `observed` read first, 94.1-96.0% without; the unobserved lock
-        // 96.4-97.7% and 97.6-100.2%.)
+        // Nothing of the lock is read before the compare-and-swap: a load of
+        // its line there costs the swap its exclusive ownership, as the
+        // `Mutex`'s does (the `rwlock` group's `…/mixed/2` rows).
         let ticket = self.ticket();
         if self.inner.try_lock_exclusive() {
             // An unobserved lock is never biased and reports nothing.

@@ -22,6 +22,10 @@
 //!   only one segment whose magic is not yet written; `publish` writes it.
 //!   `--max-geometry [--segments N]` makes N valid segments of the largest
 //!   geometry a consumer accepts, with high-water marks at `u32::MAX`.
+//!   `--liars` makes only segments whose header lies about one part of the
+//!   creator's identity (`other_pid`, `other_pid_ns`, `other_start_time`,
+//!   `other_uid`) and one that tells the truth (`truthful`, one instance
+//!   `truthful-a`), for namespace tests.
 //!
 //! * `sites [--holds N] [--hold-us U]`: one `subetha_core::Mutex`
 //!   (`contention_demo`, every hold sampled) taken at two call sites: a
@@ -674,12 +678,45 @@ mod hostile {
         fd
     }
 
+    /// Segments each lying about one identity field, and a truthful one.
+    fn liars() {
+        let mut keep: Vec<Segment> = Vec::new();
+        let lies: [(&str, usize, u64); 4] = [
+            ("other_pid", offset_of!(SegmentLayout, pid), 1),
+            ("other_pid_ns", offset_of!(SegmentLayout, pid_ns_inode), 1),
+            ("other_start_time", offset_of!(SegmentLayout, start_time_ticks), 1),
+            ("other_uid", offset_of!(SegmentLayout, uid), 1),
+        ];
+        for (case, offset, delta) in lies {
+            let segment = small();
+            let layout = segment.view().layout();
+            match case {
+                "other_pid" => poke_u32(segment.view(), offset, layout.pid + delta as u32),
+                "other_uid" => poke_u32(segment.view(), offset, layout.uid + delta as u32),
+                "other_pid_ns" => poke_u64(segment.view(), offset, layout.pid_ns_inode + delta),
+                _ => poke_u64(segment.view(), offset, layout.start_time_ticks + delta),
+            }
+            announce(case, fd_of(&segment));
+            keep.push(segment);
+        }
+        let truthful = small();
+        register_instance(truthful.view(), MUTEX, "truthful-a").expect("register");
+        announce("truthful", fd_of(&truthful));
+        keep.push(truthful);
+        reply(&format!("ready {}", std::process::id()));
+        park_until_stdin_closes();
+        drop(keep);
+    }
+
     pub fn main(opts: &Opts) {
         if opts.flag("uninit") {
             return uninit();
         }
         if opts.flag("max-geometry") {
             return max_geometry(opts.num("segments", 1));
+        }
+        if opts.flag("liars") {
+            return liars();
         }
         let mut keep: Vec<Segment> = Vec::new();
         let mut keep_fds: Vec<OwnedFd> = Vec::new();
