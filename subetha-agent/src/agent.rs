@@ -1410,6 +1410,21 @@ impl Tracked {
         bytes
     }
 
+    /// `report` with `record`'s call-site rows ([`crate::sites`]).
+    fn with_sites(
+        &self,
+        mut report: InstanceReport,
+        record: &subetha_core::InstanceRecord,
+    ) -> InstanceReport {
+        report.sites = crate::sites::site_reports(
+            &record.sites,
+            |id| self.drainer.resolve_site(id),
+            |op| record.meta.op_name(op),
+            &self.drainer.view().layout().calibration,
+        );
+        report
+    }
+
     fn report(&self) -> ProcessReport {
         let view = self.drainer.view();
         let calibration = view.layout().calibration;
@@ -1427,13 +1442,13 @@ impl Tracked {
             .instances()
             .map(|r| {
                 let policy = self.drainer.policy(r.meta.id).unwrap_or(0);
-                InstanceReport::from_record(r, false, policy, &calibration)
+                self.with_sites(InstanceReport::from_record(r, false, policy, &calibration), r)
             })
             .collect();
         instances.extend(
             self.drainer
                 .retired()
-                .map(|r| InstanceReport::from_record(r, true, 0, &calibration)),
+                .map(|r| self.with_sites(InstanceReport::from_record(r, true, 0, &calibration), r)),
         );
         let (state, note) = match (&self.exited, &self.lease) {
             (Some(_), _) => ("exited", None),

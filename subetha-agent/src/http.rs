@@ -9,6 +9,8 @@
 //! | `/api/v1/storms`     | `[StormReport]`, oldest first; `?pid=N`, `?since=ID` (ids above ID) filter |
 //! | `/api/v1/storms/{id}` | one storm with its timeline ([`StormDetail`]); 404 when not kept |
 //! | `/healthz`           | `ok scans=N`, or 503 when the scan thread stopped publishing |
+//! | `/debug/pprof/mutex` | gzipped pprof: waits by the holder's call site ([`crate::pprof`]); `?seconds=N` (1..=300) answers the delta over the next N seconds |
+//! | `/debug/pprof/block` | the same by the waiter's call site                       |
 //!
 //! Every answer is rendered from the latest snapshot the source returns.
 //! Unknown paths answer 404 and bad queries 400, with a JSON
@@ -95,6 +97,8 @@ fn router_with_state(state: AppState) -> Router {
         .route("/api/v1/instances", get(api_instances))
         .route("/api/v1/storms", get(api_storms))
         .route("/api/v1/storms/{id}", get(api_storm))
+        .route("/debug/pprof/mutex", get(pprof_mutex))
+        .route("/debug/pprof/block", get(pprof_block))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -225,6 +229,71 @@ impl Filter {
     fn pid(&self, pid: u32) -> bool {
         self.pid.is_none_or(|p| p == pid)
     }
+}
+
+/// `?seconds=N` of the pprof endpoints.
+#[derive(Deserialize)]
+struct ProfileQuery {
+    seconds: Option<u64>,
+}
+
+/// Longest `?seconds=` window.
+const MAX_PROFILE_SECONDS: u64 = 300;
+
+async fn pprof_mutex(
+    State(state): State<AppState>,
+    query: Result<Query<ProfileQuery>, QueryRejection>,
+) -> ApiResult {
+    pprof_answer(state, query, crate::pprof::ProfileKind::Mutex).await
+}
+
+async fn pprof_block(
+    State(state): State<AppState>,
+    query: Result<Query<ProfileQuery>, QueryRejection>,
+) -> ApiResult {
+    pprof_answer(state, query, crate::pprof::ProfileKind::Block).await
+}
+
+async fn pprof_answer(
+    state: AppState,
+    query: Result<Query<ProfileQuery>, QueryRejection>,
+    kind: crate::pprof::ProfileKind,
+) -> ApiResult {
+    use crate::pprof;
+    let Query(query) = query.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let start_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let (samples, duration_ns) = match query.seconds {
+        None | Some(0) => (pprof::samples(&*state.snapshot()?, kind), 0),
+        Some(seconds) if seconds <= MAX_PROFILE_SECONDS => {
+            let before = pprof::samples(&*state.snapshot()?, kind);
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            let after = pprof::samples(&*state.snapshot()?, kind);
+            (pprof::delta(&before, &after), (seconds * 1_000_000_000) as i64)
+        }
+        Some(seconds) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("seconds={seconds}: at most {MAX_PROFILE_SECONDS}"),
+            ));
+        }
+    };
+    let body = pprof::encode_gzip(&pprof::profile(&samples, start_ns, duration_ns));
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment; filename=\"profile.pb.gz\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 async fn api_snapshot(State(state): State<AppState>) -> ApiResult {

@@ -32,9 +32,12 @@ pub mod metrics;
 pub mod model;
 pub mod otlp;
 pub mod pidns;
+pub mod pprof;
 pub mod probes;
+pub mod profile;
 pub mod registration;
 pub mod report;
+pub mod sites;
 pub mod top;
 
 pub use agent::{Agent, AgentConfig, AgentHandle, ProbeMode};

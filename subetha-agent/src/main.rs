@@ -59,6 +59,9 @@ enum Command {
     Top(subetha_agent::top::TopArgs),
     /// Storm timeline pictures (SVG/PNG) or an HTML report of recent storms.
     Report(subetha_agent::report::ReportArgs),
+    /// Attach, drain for a while, write the contention profile (pprof,
+    /// collapsed stacks or a flame graph).
+    Profile(subetha_agent::profile::ProfileArgs),
     /// What this host and user allow, and what will be skipped.
     Doctor {
         /// Print JSON.
@@ -214,6 +217,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Storms(args) => status(args, true),
         Command::Top(args) => subetha_agent::top::run(args),
         Command::Report(args) => subetha_agent::report::run(args),
+        Command::Profile(args) => subetha_agent::profile::run(args),
         Command::Doctor { json } => {
             let checks = doctor::run();
             let mut out = std::io::stdout().lock();

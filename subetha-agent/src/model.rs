@@ -331,6 +331,10 @@ pub struct InstanceReport {
     pub last_seen_mono_ns: Option<u64>,
     /// Policy word (0 when none).
     pub policy: u32,
+    /// Per call site: who waited, and whose hold they waited for
+    /// ([`crate::sites`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<crate::sites::SiteReport>,
 }
 
 /// One op kind of an instance.
@@ -404,6 +408,7 @@ impl InstanceReport {
             first_seen_mono_ns: stats.first_seen_ns(),
             last_seen_mono_ns: stats.last_seen_ns(),
             policy,
+            sites: Vec::new(),
         }
     }
 }

@@ -54,6 +54,8 @@ use crate::ring::{ObservationRing, RingCorrupt};
 use crate::segment::{
     InstanceEntry, OP_KINDS, RingSlot, SegmentView, instance_state, read_padded_text, read_text, slot_state,
 };
+use crate::site::{Site, SiteError};
+use crate::site_stats::SiteStats;
 use crate::stats::InstanceStats;
 
 /// Observations copied out of a ring per `head` publish.
@@ -119,6 +121,9 @@ pub struct InstanceRecord {
     pub meta: InstanceMeta,
     /// Accumulated by this consumer.
     pub stats: InstanceStats,
+    /// Per call site, from the site ids of contended and missed
+    /// observations (resolve them with [`Drainer::resolve_site`]).
+    pub sites: SiteStats,
 }
 
 /// What a consumer knows about one ring slot and its current producer.
@@ -329,6 +334,9 @@ impl Tracked {
     fn account(&mut self, obs: &Observation, now: u64) {
         let stats = &mut self.record.stats;
         stats.record(obs.op_kind, obs.flags, obs.latency_ticks, obs.producer_thread_id);
+        if obs._reserved != 0 {
+            self.record.sites.record(obs);
+        }
         if self.touched_at != now {
             self.touched_at = now;
             stats.touch(now);
@@ -357,6 +365,9 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     /// Observations of entries this scan's table refresh did not know, to
     /// be attributed after the rings (at most [`LATE_PER_SCAN`]).
     late: Vec<Observation>,
+    /// Call sites resolved so far (entries are never rewritten by a sane
+    /// producer, so a resolved id stays resolved).
+    sites: parking_lot::Mutex<std::collections::HashMap<u16, Site>>,
     /// The producers live in another pid namespace: their `gettid` values
     /// are not ours.
     foreign_tids: bool,
@@ -416,9 +427,28 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             totals: DrainTotals::default(),
             batch: Box::new([Observation::ZERO; BATCH]),
             late: Vec::new(),
+            sites: parking_lot::Mutex::new(std::collections::HashMap::new()),
             foreign_tids: false,
             unmapped_tids: false,
         }
+    }
+
+    /// The call site `id` names in this segment's site table (validated as
+    /// hostile input; see [`crate::site::read_site`]). Resolved ids are
+    /// cached, so they stay resolvable after the process is gone.
+    pub fn resolve_site(&self, id: u16) -> Result<Site, SiteError> {
+        let mut cache = self.sites.lock();
+        if let Some(site) = cache.get(&id) {
+            return Ok(site.clone());
+        }
+        let site = crate::site::read_site(self.view.as_ref().sites(), id)?;
+        cache.insert(id, site.clone());
+        Ok(site)
+    }
+
+    /// Operations whose call site found the segment's site table full.
+    pub fn sites_overflowed(&self) -> u64 {
+        self.view.as_ref().sites().map_or(0, |t| t.overflowed())
     }
 
     /// The producers' thread ids are in another pid namespace than ours
@@ -642,6 +672,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
                         record: InstanceRecord {
                             meta: InstanceMeta::read(entry, index, generation),
                             stats: InstanceStats::new(),
+                            sites: SiteStats::default(),
                         },
                     }));
                 }

@@ -59,6 +59,10 @@ pub mod registry;
 pub mod segment;
 #[cfg(not(loom))]
 pub mod sidecar;
+#[cfg(not(loom))]
+pub mod site;
+#[cfg(not(loom))]
+pub mod site_stats;
 pub mod stats;
 
 pub use observation::{Observation, thread_id};

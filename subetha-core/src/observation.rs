@@ -31,7 +31,10 @@ pub struct Observation {
     pub latency_ticks: u64,
     /// [`thread_id()`] of the producer; stamped by `push` when 0.
     pub producer_thread_id: u32,
-    /// Alignment padding, always written as 0.
+    /// Call-site ids of a slow-path operation, 0 otherwise: bits 0–15 its
+    /// own site, bits 16–31 the holder's (a [`SiteWord`](crate::site::SiteWord);
+    /// see [`crate::site`]). The spec's alignment padding, so the layout
+    /// and offsets are the seed's.
     pub _reserved: u32,
 }
 
@@ -105,6 +108,18 @@ impl Observation {
     #[inline]
     pub const fn is_miss(&self) -> bool {
         self.flags & Self::FLAG_MISS != 0
+    }
+
+    /// The operation's call-site id (0: none; see [`crate::site`]).
+    #[inline]
+    pub const fn site_id(&self) -> u16 {
+        self._reserved as u16
+    }
+
+    /// The call-site id of the hold whose release ended this wait (0: none).
+    #[inline]
+    pub const fn holder_site_id(&self) -> u16 {
+        (self._reserved >> 16) as u16
     }
 
     /// Whether [`Observation::FLAG_COUNT`] is set.

@@ -160,6 +160,12 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Bumped in every forked child (thread-local caches of segment contents
+/// compare it).
+pub(crate) fn fork_generation() -> u32 {
+    FORK_GENERATION.load(Ordering::Acquire)
+}
+
 /// This process's segment, created on first use with
 /// [`SegmentConfig::from_env`].
 pub fn process_segment() -> Result<&'static Segment, RegistryError> {
@@ -458,6 +464,19 @@ pub(crate) fn observe_as(
     flags: u16,
     latency_ticks: u64,
 ) -> Result<bool, RegistryError> {
+    observe_with_sites(id, op_kind, flags, latency_ticks, 0)
+}
+
+/// [`observe_as`] with a [`SiteWord`](crate::site::SiteWord) in the
+/// observation's `_reserved` word.
+#[inline(always)]
+pub(crate) fn observe_with_sites(
+    id: NonZeroU32,
+    op_kind: u16,
+    flags: u16,
+    latency_ticks: u64,
+    sites: u32,
+) -> Result<bool, RegistryError> {
     let producer = PRODUCER.get();
     if !producer.ring.is_null() {
         let obs = Observation {
@@ -466,7 +485,7 @@ pub(crate) fn observe_as(
             flags,
             latency_ticks,
             producer_thread_id: producer.thread_id,
-            _reserved: 0,
+            _reserved: sites,
         };
         // SAFETY: the pointer was set by `claim_ring` to a ring in the
         // process segment, which stays mapped for the process's life; this
@@ -474,7 +493,10 @@ pub(crate) fn observe_as(
         // thread exit or fork.
         return Ok(unsafe { &*producer.ring }.push_stamped(obs));
     }
-    observe_slow(Observation::new(id.get(), op_kind, flags, latency_ticks))
+    observe_slow(Observation {
+        _reserved: sites,
+        ..Observation::new(id.get(), op_kind, flags, latency_ticks)
+    })
 }
 
 #[cold]

@@ -13,6 +13,8 @@
 //! instance_table_offset         [InstanceEntry; instance_capacity] (256 B each)
 //! ring_table_offset             [RingSlot; ring_slot_capacity] (64 B meta +
 //!                               64 B consumer accounting + ObservationRing)
+//! sites.offset (header @256)    SiteTableHead (64 B) + [SiteEntry; sites.capacity]
+//!                               (128 B each; see crate::site)
 //! ```
 //!
 //! Every struct is `#[repr(C)]` with explicit padding and is asserted in
@@ -157,8 +159,25 @@ pub struct SegmentHeader {
     pub layout: SegmentLayout,
     /// Atomics.
     pub live: SegmentLive,
-    _reserved: [u8; HEADER_SIZE - 128 - 128],
+    /// Where the call-site table is (immutable, written before `magic`).
+    pub sites: SiteTableLayout,
+    _reserved: [u8; HEADER_SIZE - 128 - 128 - 8],
 }
+
+/// The call-site table's place in the segment, at byte 256 of the header
+/// page ([`crate::site`]). All zero in a segment without one (a writer
+/// older than the table, whose header page was zero there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct SiteTableLayout {
+    /// Byte offset of the table; 0 when `capacity` is 0.
+    pub offset: u32,
+    /// Entries (0: none).
+    pub capacity: u32,
+}
+
+/// Byte offset of [`SiteTableLayout`] in the header page.
+const SITE_LAYOUT_OFFSET: usize = 256;
 
 /// Instance entry states.
 pub mod instance_state {
@@ -394,21 +413,26 @@ impl SegmentConfig {
         config
     }
 
-    fn geometry(&self) -> Geometry {
+    /// The geometry with a call-site table of `sites` entries.
+    fn geometry_with_sites(&self, sites: u32) -> Geometry {
         let instances = self.instances.clamp(1, MAX_INSTANCES);
         let ring_slots = self.ring_slots.clamp(1, MAX_RING_SLOTS);
         let instance_table_offset = HEADER_SIZE;
         let instance_table_len = instances as usize * size_of::<InstanceEntry>();
         let ring_table_offset = round_up(instance_table_offset + instance_table_len, PAGE);
-        let total_size = round_up(
+        let site_table_offset = round_up(
             ring_table_offset + ring_slots as usize * size_of::<RingSlot>(),
             PAGE,
         );
+        let sites = sites.min(crate::site::MAX_SITES);
+        let total_size = round_up(site_table_offset + crate::site::table_len(sites), PAGE);
         Geometry {
             instances,
             ring_slots,
+            sites,
             instance_table_offset,
             ring_table_offset,
+            site_table_offset,
             total_size,
         }
     }
@@ -428,8 +452,10 @@ fn env_u32(key: &str) -> Option<u32> {
 struct Geometry {
     instances: u32,
     ring_slots: u32,
+    sites: u32,
     instance_table_offset: usize,
     ring_table_offset: usize,
+    site_table_offset: usize,
     total_size: usize,
 }
 
@@ -507,7 +533,9 @@ impl Segment {
     /// Creates, sizes, seals and maps a new segment for this process.
     /// Falls back to anonymous memory (one warning) when memfd fails.
     pub fn create(config: SegmentConfig) -> Result<Self, SegmentError> {
-        let geometry = config.geometry();
+        let sites =
+            env_u32("SUBETHA_SITES").map_or(crate::site::DEFAULT_SITES, |n| n.min(crate::site::MAX_SITES));
+        let geometry = config.geometry_with_sites(sites);
         let (fd, backing) = match create_sealed_memfd(geometry.total_size) {
             Ok(fd) => (Some(fd), Backing::Memfd),
             Err(error) => {
@@ -547,6 +575,14 @@ impl Segment {
         // magic (left 0 by the fresh mapping) and then publish the magic.
         unsafe {
             header.write(SegmentLayout { magic: 0, ..layout });
+            header
+                .cast::<u8>()
+                .add(SITE_LAYOUT_OFFSET)
+                .cast::<SiteTableLayout>()
+                .write(SiteTableLayout {
+                    offset: geometry.site_table_offset as u32,
+                    capacity: geometry.sites,
+                });
             fence(Ordering::Release);
             (*header.cast::<AtomicU64>()).store(MAGIC, Ordering::Release);
         }
@@ -667,6 +703,7 @@ pub struct Expectations {
 pub struct SegmentView {
     base: NonNull<u8>,
     layout: SegmentLayout,
+    sites: SiteTableLayout,
     _mapping: Option<Mapping>,
     /// The creator's own descriptor of the memfd, to test for [consumers
     /// outside its pid namespace](Self::foreign_consumer_present); `None` in
@@ -730,9 +767,11 @@ impl SegmentView {
     ) -> Result<Self, SegmentError> {
         let layout = Self::read_layout(base, len)?;
         validate(&layout, len, expect)?;
+        let sites = Self::read_site_layout(base, &layout)?;
         Ok(Self {
             base,
             layout,
+            sites,
             _mapping: None,
             presence: None,
         })
@@ -741,12 +780,27 @@ impl SegmentView {
     fn from_mapping(mapping: Mapping, expect: &Expectations) -> Result<Self, SegmentError> {
         let layout = Self::read_layout(mapping.base, mapping.len)?;
         validate(&layout, mapping.len, expect)?;
+        let sites = Self::read_site_layout(mapping.base, &layout)?;
         Ok(Self {
             base: mapping.base,
             layout,
+            sites,
             _mapping: Some(mapping),
             presence: None,
         })
+    }
+
+    /// Copies the site table's place out of a header already validated
+    /// (so the page is mapped) and checks it against `layout`.
+    fn read_site_layout(base: NonNull<u8>, layout: &SegmentLayout) -> Result<SiteTableLayout, SegmentError> {
+        // SAFETY: the header page is mapped (validated: len ≥ HEADER_SIZE),
+        // the offset is 8-aligned within it, and the type is Pod. Volatile:
+        // one copy of bytes that may change under us.
+        let sites = unsafe {
+            std::ptr::read_volatile(base.as_ptr().add(SITE_LAYOUT_OFFSET).cast::<SiteTableLayout>())
+        };
+        validate_sites(layout, &sites)?;
+        Ok(sites)
     }
 
     fn read_layout(base: NonNull<u8>, len: usize) -> Result<SegmentLayout, SegmentError> {
@@ -830,6 +884,35 @@ impl SegmentView {
         // is atomics, padding and an ObservationRing, whose slots are Pod:
         // every bit pattern is valid.
         Some(unsafe { &*self.base.as_ptr().add(offset).cast::<RingSlot>() })
+    }
+
+    /// The call-site table, if the segment has one.
+    pub fn sites(&self) -> Option<crate::site::SiteTable<'_>> {
+        let capacity = self.sites.capacity as usize;
+        if capacity == 0 {
+            return None;
+        }
+        let offset = self.sites.offset as usize;
+        // SAFETY: validated: the head and `capacity` entries lie within the
+        // mapping, page-aligned (so the 64-aligned head and the 4-aligned
+        // entries after it are aligned), apart from the other tables; both
+        // types are atomics and padding, valid for every bit pattern.
+        unsafe {
+            let head = &*self
+                .base
+                .as_ptr()
+                .add(offset)
+                .cast::<crate::site::SiteTableHead>();
+            let first = self
+                .base
+                .as_ptr()
+                .add(offset + size_of::<crate::site::SiteTableHead>())
+                .cast::<crate::site::SiteEntry>();
+            Some(crate::site::SiteTable {
+                head,
+                entries: std::slice::from_raw_parts(first, capacity),
+            })
+        }
     }
 
     /// Number of instance entries worth looking at (high-water mark,
@@ -916,7 +999,7 @@ fn max_segment_size() -> usize {
         instances: MAX_INSTANCES,
         ring_slots: MAX_RING_SLOTS,
     }
-    .geometry()
+    .geometry_with_sites(crate::site::MAX_SITES)
     .total_size
 }
 
@@ -1030,6 +1113,48 @@ fn validate(layout: &SegmentLayout, mapped_len: usize, expect: &Expectations) ->
             found: layout.uid,
             expected: uid,
         });
+    }
+    Ok(())
+}
+
+/// Checks the site table's place against the validated `layout`: within
+/// the segment, page-aligned, after the header, apart from the other tables.
+fn validate_sites(layout: &SegmentLayout, sites: &SiteTableLayout) -> Result<(), SegmentError> {
+    let total = layout.total_size;
+    let instance_table = table_range(
+        layout.instance_table_offset,
+        layout.instance_capacity,
+        size_of::<InstanceEntry>(),
+        total,
+    )
+    .ok_or(SegmentError::BadTable("instance"))?;
+    let ring_table = table_range(
+        layout.ring_table_offset,
+        layout.ring_slot_capacity,
+        size_of::<RingSlot>(),
+        total,
+    )
+    .ok_or(SegmentError::BadTable("ring"))?;
+    if sites.capacity > crate::site::MAX_SITES {
+        return Err(SegmentError::TooLarge {
+            field: "site",
+            found: sites.capacity,
+            max: crate::site::MAX_SITES,
+        });
+    }
+    if sites.capacity != 0 {
+        let offset = u64::from(sites.offset);
+        let len = crate::site::table_len(sites.capacity) as u64;
+        let range = (offset.is_multiple_of(PAGE as u64) && offset >= HEADER_SIZE as u64)
+            .then(|| offset.checked_add(len))
+            .flatten()
+            .filter(|&end| end <= total)
+            .map(|end| offset..end)
+            .ok_or(SegmentError::BadTable("site"))?;
+        let overlaps = |other: &std::ops::Range<u64>| range.start < other.end && other.start < range.end;
+        if overlaps(&instance_table) || overlaps(&ring_table) {
+            return Err(SegmentError::BadTable("site and instance or ring"));
+        }
     }
     Ok(())
 }

@@ -295,6 +295,7 @@ fn generated_man_pages_and_completions() {
         "subetha-agent-config-check.1",
         "subetha-agent-config.1",
         "subetha-agent-doctor.1",
+        "subetha-agent-profile.1",
         "subetha-agent-report.1",
         "subetha-agent-run.1",
         "subetha-agent-snapshot.1",

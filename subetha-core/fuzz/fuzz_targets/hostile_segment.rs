@@ -1,7 +1,10 @@
 //! A hostile process's segment: the fuzzer rewrites arbitrary bytes of a
 //! valid segment (header, instance table, ring metadata and indices, ring
-//! slots), then a consumer validates it and, if accepted, drains it twice.
-//! Validation and draining must never panic, hang or grow without bound.
+//! slots, the call-site table's head and entries), then a consumer
+//! validates it and, if accepted, drains it twice and resolves call-site
+//! ids (every id the drain saw, and ids named by the input). Validation,
+//! draining and site resolution must never panic, hang or grow without
+//! bound.
 
 #![no_main]
 
@@ -13,10 +16,14 @@ use subetha_core::segment::{Expectations, Segment, SegmentConfig, SegmentView};
 
 /// Interesting byte ranges to aim writes at, so short inputs reach the
 /// tables and the ring indices rather than only the header.
-fn targets(view: &SegmentView) -> [usize; 6] {
+fn targets(view: &SegmentView) -> [usize; 9] {
     let layout = view.layout();
     let ring0 = layout.ring_table_offset as usize;
+    let sites = layout.site_table_offset as usize;
     [
+        sites,                                      // site table head
+        sites + 64,                                 // first site entry
+        sites + 64 + 128,                           // second site entry
         0,                                          // header layout
         128,                                        // live header words
         layout.instance_table_offset as usize,      // first instance entry
@@ -58,4 +65,24 @@ fuzz_target!(|data: &[u8]| {
     drainer.scan();
     drainer.scan();
     assert!(drainer.episodes().count() <= subetha_core::drain::EPISODE_HISTORY);
+    let mut ids: Vec<u16> = drainer
+        .instances()
+        .flat_map(|r| {
+            let waiters = r.sites.waiters.keys().map(|&(_, id)| id);
+            let holders = r.sites.holders.keys().map(|&(_, id)| id);
+            waiters.chain(holders).collect::<Vec<_>>()
+        })
+        .collect();
+    ids.extend([0, 1, 2, 3, u16::MAX]);
+    ids.extend(data.chunks_exact(2).take(8).map(|b| u16::from_le_bytes([b[0], b[1]])));
+    for id in ids {
+        if let Ok(site) = drainer.resolve_site(id) {
+            assert!(site.line != 0 && !site.file.is_empty());
+            assert!(site.file.len() <= 4 * subetha_core::site::SITE_FILE_MAX);
+        }
+    }
+    for r in drainer.instances() {
+        assert!(r.sites.waiters.len() <= subetha_core::site_stats::MAX_ROWS);
+        assert!(r.sites.holders.len() <= subetha_core::site_stats::MAX_ROWS);
+    }
 });

@@ -113,7 +113,9 @@ impl Barrier {
     }
 
     /// Blocks until `n` threads have called `wait` in this generation.
+    #[track_caller]
     pub fn wait(&self) -> BarrierWaitResult {
+        let site = Location::caller();
         let mut state = self.state.lock();
         if state.arrived + 1 >= self.n {
             let skew = if self.n > 1 { since(state.first_arrival) } else { 0 };
@@ -134,7 +136,7 @@ impl Barrier {
             self.cv.wait(&mut state);
         }
         drop(state);
-        self.probe.emit(op::WAIT, CONTENDED, since(start));
+        self.probe.emit_at(op::WAIT, CONTENDED, since(start), site);
         BarrierWaitResult(false)
     }
 }

@@ -123,8 +123,9 @@ impl Observed {
         self.probe.id()
     }
 
-    fn emit(&self, op_kind: u16, flags: u16, latency_ticks: u64) {
-        self.probe.emit(op_kind, flags, latency_ticks);
+    /// Emits a wait or a miss made at `site`, carrying its id.
+    fn emit_at(&self, op_kind: u16, flags: u16, latency_ticks: u64, site: &'static Location<'static>) {
+        self.probe.emit_at(op_kind, flags, latency_ticks, site);
     }
 }
 
@@ -247,34 +248,40 @@ impl<T> Channel<T> {
 
     /// See [`Sender::send`].
     #[inline]
+    #[track_caller]
     pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
         self.tx.send(msg)
     }
 
     /// See [`Sender::try_send`].
     #[inline]
+    #[track_caller]
     pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
         self.tx.try_send(msg)
     }
 
     /// See [`Sender::send_timeout`].
+    #[track_caller]
     pub fn send_timeout(&self, msg: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
         self.tx.send_timeout(msg, timeout)
     }
 
     /// See [`Receiver::recv`].
     #[inline]
+    #[track_caller]
     pub fn recv(&self) -> Result<T, RecvError> {
         self.rx.recv()
     }
 
     /// See [`Receiver::try_recv`].
     #[inline]
+    #[track_caller]
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         self.rx.try_recv()
     }
 
     /// See [`Receiver::recv_timeout`].
+    #[track_caller]
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
         self.rx.recv_timeout(timeout)
     }
@@ -309,15 +316,16 @@ impl<T> Sender<T> {
     /// Sends `msg`, blocking while the channel is full. Fails (giving the
     /// message back) once every receiver is gone.
     #[inline]
+    #[track_caller]
     pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
         match self.inner.try_send(msg) {
             Ok(()) => {
                 self.probe.done_at_once(op::SEND);
                 Ok(())
             }
-            Err(TrySendError::Full(msg)) => self.send_blocking(msg),
+            Err(TrySendError::Full(msg)) => self.send_blocking(msg, Location::caller()),
             Err(TrySendError::Disconnected(msg)) => {
-                self.probe.emit(op::SEND, MISS, 0);
+                self.probe.emit_at(op::SEND, MISS, 0, Location::caller());
                 Err(SendError(msg))
             }
         }
@@ -325,7 +333,7 @@ impl<T> Sender<T> {
 
     #[cold]
     #[inline(never)]
-    fn send_blocking(&self, msg: T) -> Result<(), SendError<T>> {
+    fn send_blocking(&self, msg: T, site: &'static Location<'static>) -> Result<(), SendError<T>> {
         let start = clock::ticks();
         let result = self.inner.send(msg);
         let flags = if result.is_ok() {
@@ -333,23 +341,25 @@ impl<T> Sender<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit(op::SEND, flags, super::since(start));
+        self.probe.emit_at(op::SEND, flags, super::since(start), site);
         result
     }
 
     /// Sends `msg` if there is room now.
     #[inline]
+    #[track_caller]
     pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
         let result = self.inner.try_send(msg);
         if result.is_ok() {
             self.probe.done_at_once(op::TRY_SEND);
         } else {
-            self.probe.emit(op::TRY_SEND, MISS, 0);
+            self.probe.emit_at(op::TRY_SEND, MISS, 0, Location::caller());
         }
         result
     }
 
     /// Sends `msg`, waiting at most `timeout` for room.
+    #[track_caller]
     pub fn send_timeout(&self, msg: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.send_deadline(msg, deadline),
@@ -360,6 +370,7 @@ impl<T> Sender<T> {
     }
 
     /// Sends `msg`, waiting until `deadline` at most for room.
+    #[track_caller]
     pub fn send_deadline(&self, msg: T, deadline: Instant) -> Result<(), SendTimeoutError<T>> {
         let msg = match self.inner.try_send(msg) {
             Ok(()) => {
@@ -367,7 +378,7 @@ impl<T> Sender<T> {
                 return Ok(());
             }
             Err(TrySendError::Disconnected(msg)) => {
-                self.probe.emit(op::SEND, MISS, 0);
+                self.probe.emit_at(op::SEND, MISS, 0, Location::caller());
                 return Err(SendTimeoutError::Disconnected(msg));
             }
             Err(TrySendError::Full(msg)) => msg,
@@ -379,7 +390,8 @@ impl<T> Sender<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit(op::SEND, flags, super::since(start));
+        self.probe
+            .emit_at(op::SEND, flags, super::since(start), Location::caller());
         result
     }
 
@@ -427,15 +439,16 @@ impl<T> Receiver<T> {
     /// Receives a message, blocking while the channel is empty. Fails once
     /// it is empty and every sender is gone.
     #[inline]
+    #[track_caller]
     pub fn recv(&self) -> Result<T, RecvError> {
         match self.inner.try_recv() {
             Ok(msg) => {
                 self.probe.done_at_once(op::RECV);
                 Ok(msg)
             }
-            Err(TryRecvError::Empty) => self.recv_blocking(),
+            Err(TryRecvError::Empty) => self.recv_blocking(Location::caller()),
             Err(TryRecvError::Disconnected) => {
-                self.probe.emit(op::RECV, MISS, 0);
+                self.probe.emit_at(op::RECV, MISS, 0, Location::caller());
                 Err(RecvError)
             }
         }
@@ -443,7 +456,7 @@ impl<T> Receiver<T> {
 
     #[cold]
     #[inline(never)]
-    fn recv_blocking(&self) -> Result<T, RecvError> {
+    fn recv_blocking(&self, site: &'static Location<'static>) -> Result<T, RecvError> {
         let start = clock::ticks();
         let result = self.inner.recv();
         let flags = if result.is_ok() {
@@ -451,23 +464,25 @@ impl<T> Receiver<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit(op::RECV, flags, super::since(start));
+        self.probe.emit_at(op::RECV, flags, super::since(start), site);
         result
     }
 
     /// Receives a message if one is queued.
     #[inline]
+    #[track_caller]
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let result = self.inner.try_recv();
         if result.is_ok() {
             self.probe.done_at_once(op::TRY_RECV);
         } else {
-            self.probe.emit(op::TRY_RECV, MISS, 0);
+            self.probe.emit_at(op::TRY_RECV, MISS, 0, Location::caller());
         }
         result
     }
 
     /// Receives a message, waiting at most `timeout`.
+    #[track_caller]
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.recv_deadline(deadline),
@@ -476,6 +491,7 @@ impl<T> Receiver<T> {
     }
 
     /// Receives a message, waiting until `deadline` at most.
+    #[track_caller]
     pub fn recv_deadline(&self, deadline: Instant) -> Result<T, RecvTimeoutError> {
         match self.inner.try_recv() {
             Ok(msg) => {
@@ -483,7 +499,7 @@ impl<T> Receiver<T> {
                 return Ok(msg);
             }
             Err(TryRecvError::Disconnected) => {
-                self.probe.emit(op::RECV, MISS, 0);
+                self.probe.emit_at(op::RECV, MISS, 0, Location::caller());
                 return Err(RecvTimeoutError::Disconnected);
             }
             Err(TryRecvError::Empty) => {}
@@ -495,7 +511,8 @@ impl<T> Receiver<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit(op::RECV, flags, super::since(start));
+        self.probe
+            .emit_at(op::RECV, flags, super::since(start), Location::caller());
         result
     }
 

@@ -117,29 +117,33 @@ impl Condvar {
     }
 
     /// Releases the guard's mutex, blocks until notified, re-acquires it.
+    #[track_caller]
     pub fn wait<R: lock_api::RawMutex, T: ?Sized>(&self, guard: &mut MutexGuard<'_, R, T>) {
-        self.wait_inner(guard, None);
+        self.wait_inner(guard, None, Location::caller());
     }
 
     /// [`Condvar::wait`] until `deadline` at most.
+    #[track_caller]
     pub fn wait_until<R: lock_api::RawMutex, T: ?Sized>(
         &self,
         guard: &mut MutexGuard<'_, R, T>,
         deadline: Instant,
     ) -> WaitTimeoutResult {
-        WaitTimeoutResult(self.wait_inner(guard, Some(deadline)))
+        WaitTimeoutResult(self.wait_inner(guard, Some(deadline), Location::caller()))
     }
 
     /// [`Condvar::wait`] for `timeout` at most.
+    #[track_caller]
     pub fn wait_for<R: lock_api::RawMutex, T: ?Sized>(
         &self,
         guard: &mut MutexGuard<'_, R, T>,
         timeout: Duration,
     ) -> WaitTimeoutResult {
-        WaitTimeoutResult(self.wait_inner(guard, Instant::now().checked_add(timeout)))
+        WaitTimeoutResult(self.wait_inner(guard, Instant::now().checked_add(timeout), Location::caller()))
     }
 
     /// Waits while `condition` holds (checked before each wait).
+    #[track_caller]
     pub fn wait_while<R: lock_api::RawMutex, T: ?Sized>(
         &self,
         guard: &mut MutexGuard<'_, R, T>,
@@ -152,6 +156,7 @@ impl Condvar {
 
     /// [`Condvar::wait_while`] until `deadline` at most; timed out means the
     /// condition still held at the deadline.
+    #[track_caller]
     pub fn wait_while_until<R: lock_api::RawMutex, T: ?Sized>(
         &self,
         guard: &mut MutexGuard<'_, R, T>,
@@ -167,6 +172,7 @@ impl Condvar {
     }
 
     /// [`Condvar::wait_while`] for `timeout` at most.
+    #[track_caller]
     pub fn wait_while_for<R: lock_api::RawMutex, T: ?Sized>(
         &self,
         guard: &mut MutexGuard<'_, R, T>,
@@ -212,6 +218,7 @@ impl Condvar {
         &self,
         guard: &mut MutexGuard<'_, R, T>,
         deadline: Option<Instant>,
+        site: &'static Location<'static>,
     ) -> bool {
         let start = clock::ticks();
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -234,10 +241,12 @@ impl Condvar {
             drop(gate);
             (timed_out, woke)
         });
-        self.probe.emit(
+        // Every wait blocked: it carries its call site.
+        self.probe.emit_at(
             op::WAIT,
             if timed_out { MISS } else { 0 },
             woke.saturating_sub(start).max(1),
+            site,
         );
         timed_out
     }

@@ -36,6 +36,15 @@
 //!   the primitive is dropped. Everything else (waits, misses, `try_*`s of
 //!   the locks, sampled holds, and the other primitives' operations) is one
 //!   observation per operation.
+//! * **Waits and misses carry their call site.** Every acquiring method is
+//!   `#[track_caller]`; an operation that waited or missed interns its
+//!   caller's `file:line:column` in the segment's site table and carries
+//!   the id in the observation's `_reserved` word ([`crate::site`]). A
+//!   `Mutex`/`AdaptiveMutex` wait also carries the site of the hold it
+//!   waited for, where that hold's site is known (see `holder`). Calls
+//!   through `lock_api` (`as_lock_api()`, guard methods such as
+//!   `RwLockUpgradableReadGuard::upgrade`, a `Condvar`'s relock) record
+//!   `lock_api`'s line instead. Uncontended paths never look at the site.
 //! * **Hold times are sampled**: 1 in 2^k acquisitions (k from the policy
 //!   word, default [`DEFAULT_SAMPLE_SHIFT`] = 1 in 256) reads the clock at
 //!   acquisition and records the hold time on release as the `unlock`-type
@@ -113,12 +122,14 @@ use crate::clock;
 use crate::observation::Observation;
 use crate::registry::{Instance, InstanceKind, entry_index, id_generation, process_segment};
 use crate::segment::{INSTANCE_NAME_MAX, instance_state};
+use crate::site::SiteWord;
 
 pub mod adaptive;
 pub mod barrier;
 pub mod channel;
 pub mod condvar;
 pub(crate) mod held;
+pub(crate) mod holder;
 pub mod mutex;
 pub mod op_counts;
 pub(crate) mod reader_bias;
@@ -407,6 +418,28 @@ impl Probe {
         self.emitter().emit(op_kind, flags, latency_ticks);
     }
 
+    /// [`emit`](Self::emit) of a slow-path operation called at `site`
+    /// (interned here, so only on the paths that need it).
+    #[inline(always)]
+    pub(crate) fn emit_at(
+        &self,
+        op_kind: u16,
+        flags: u16,
+        latency_ticks: u64,
+        site: &'static Location<'static>,
+    ) {
+        self.emitter().emit_at(op_kind, flags, latency_ticks, site);
+    }
+
+    /// The interned id of `site` (0 when unobserved).
+    pub(crate) fn site_id(&self, site: &'static Location<'static>) -> u16 {
+        if self.instance.is_some() {
+            crate::site::intern(site)
+        } else {
+            crate::site::NONE
+        }
+    }
+
     /// What [`emit`](Self::emit) needs, read now to push later: a lock
     /// reads it before its release, while its line is surely in this
     /// core's cache.
@@ -429,8 +462,14 @@ impl Emitter {
     /// [`Probe::emit`].
     #[inline(always)]
     pub(crate) fn emit(self, op_kind: u16, flags: u16, latency_ticks: u64) {
+        self.emit_sites(op_kind, flags, latency_ticks, SiteWord::NONE);
+    }
+
+    /// [`emit`](Self::emit) carrying call-site ids (see [`crate::site`]).
+    #[inline(always)]
+    pub(crate) fn emit_sites(self, op_kind: u16, flags: u16, latency_ticks: u64, sites: SiteWord) {
         if let Some(id) = self.0 {
-            match crate::registry::observe_as(id, op_kind, flags, latency_ticks) {
+            match crate::registry::observe_with_sites(id, op_kind, flags, latency_ticks, sites.0) {
                 Ok(queued) => {
                     if accounting::ENABLED.load(Ordering::Relaxed) {
                         accounting::count(if queued {
@@ -442,6 +481,27 @@ impl Emitter {
                 }
                 Err(error) => lost(error),
             }
+        }
+    }
+
+    /// Emits a slow-path observation made at `site`: interns the site
+    /// (only if the primitive is observed) and carries its id.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn emit_at(
+        self,
+        op_kind: u16,
+        flags: u16,
+        latency_ticks: u64,
+        site: &'static Location<'static>,
+    ) {
+        if self.0.is_some() {
+            self.emit_sites(
+                op_kind,
+                flags,
+                latency_ticks,
+                SiteWord::own(crate::site::intern(site)),
+            );
         }
     }
 }
@@ -1050,6 +1110,100 @@ mod tests {
         let name = crate::segment::read_text(&entry.name, entry.name_len.load(Ordering::Relaxed));
         assert!(name.ends_with(&format!("mod.rs:{line}:17")), "{name}");
         assert_eq!(crate::segment::read_padded_text(&entry.op_names[2]), "unlock");
+    }
+
+    /// The line of every (op, site) waiter row of `name` with a miss or a wait.
+    fn site_lines(name: &str, ops: usize) -> Vec<(u16, u32)> {
+        let r = test_support::wait_for(name, |r| r.sites.waiters.len() >= ops);
+        let segment = process_segment().unwrap();
+        r.sites
+            .waiters
+            .keys()
+            .map(|&(op, id)| {
+                (
+                    op,
+                    crate::site::read_site(segment.view().sites(), id).unwrap().line,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn misses_and_waits_of_every_primitive_carry_their_callers_line() {
+        use std::time::Duration;
+        test_support::init();
+        let name = test_support::unique("sites-mutex");
+        let m = Mutex::named(&name, ());
+        let held = m.lock();
+        let line = line!() + 1;
+        assert!(m.try_lock().is_none());
+        assert!(m.try_lock_for(Duration::from_millis(1)).is_none());
+        drop(held);
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(mutex::op::TRY_LOCK, line), (mutex::op::TRY_LOCK, line + 1)]
+        );
+
+        let name = test_support::unique("sites-rwlock");
+        let l = RwLock::named(&name, ());
+        let w = l.write();
+        let line = line!() + 1;
+        assert!(l.try_read().is_none());
+        assert!(l.try_write_for(Duration::from_millis(1)).is_none());
+        drop(w);
+        let r = l.read();
+        assert!(l.try_upgradable_read().is_some());
+        drop(r);
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(rwlock::op::TRY_READ, line), (rwlock::op::TRY_WRITE, line + 1)]
+        );
+
+        let name = test_support::unique("sites-semaphore");
+        let sem = Semaphore::named(&name, 0);
+        let line = line!() + 1;
+        assert!(sem.try_acquire().is_none());
+        assert!(sem.try_acquire_for(Duration::from_millis(1)).is_none());
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![
+                (semaphore::op::TRY_ACQUIRE, line),
+                (semaphore::op::TRY_ACQUIRE, line + 1)
+            ]
+        );
+
+        let name = test_support::unique("sites-channel");
+        let ch = Channel::<u8>::named(&name, 1);
+        let line = line!() + 1;
+        assert!(ch.try_recv().is_err());
+        assert!(ch.recv_timeout(Duration::from_millis(1)).is_err());
+        assert_eq!(
+            site_lines(&name, 2),
+            vec![(channel::op::RECV, line + 1), (channel::op::TRY_RECV, line)]
+        );
+
+        let name = test_support::unique("sites-condvar");
+        let cv = Condvar::named(&name);
+        let lock = Mutex::unobserved(());
+        let mut guard = lock.lock();
+        let line = line!() + 1;
+        assert!(cv.wait_for(&mut guard, Duration::from_millis(1)).timed_out());
+        assert_eq!(site_lines(&name, 1), vec![(condvar::op::WAIT, line)]);
+
+        let name = test_support::unique("sites-barrier");
+        let barrier = std::sync::Arc::new(Barrier::named(&name, 2));
+        let other = {
+            let barrier = std::sync::Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+            })
+        };
+        let line = line!() + 1;
+        let leader = barrier.wait().is_leader();
+        let helper_line = line - 5;
+        other.join().unwrap();
+        let expected = if leader { helper_line } else { line };
+        assert_eq!(site_lines(&name, 1), vec![(barrier::op::WAIT, expected)]);
     }
 
     #[test]

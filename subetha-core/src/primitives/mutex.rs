@@ -78,11 +78,12 @@ use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
 use super::{
-    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, draw_paid, held, next_hold_random,
+    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, draw_paid, held, holder, next_hold_random,
     unobserved_lock_drops_draw,
 };
 use crate::clock;
 use crate::registry::InstanceKind;
+use crate::site::SiteWord;
 
 /// The kind [`Mutex`] registers.
 pub const KIND: InstanceKind = InstanceKind {
@@ -240,8 +241,8 @@ enum Acquired {
     /// An uncontended `try_lock` (or timed variant).
     TryLock,
     /// A `lock` (or timed `try_lock`, [`op::TRY_LOCK`]) that waited this
-    /// many ticks.
-    Waited { op: u16, ticks: u64 },
+    /// many ticks; `sites` is its [`SiteWord`].
+    Waited { op: u16, ticks: u64, sites: u32 },
 }
 
 /// What the slow path did.
@@ -285,7 +286,7 @@ enum Spin {
 /// | bytes | fields | written by |
 /// |---|---|---|
 /// | 0–15 | `sampler`, `probe`, `adaptive` | nearly nobody (a policy change) |
-/// | 16–31 | `hold_start`, `long_wait` | the holder of a sampled hold or of a wait over 2^32 ticks |
+/// | 16–31 | `hold_start`, `wait_high`, `sites` | the holder of a sampled hold, of a wait, or of a hold begun while threads were parked |
 /// | 32–39 (+ data) | `wait`, `pending`, `parkers`, `state` | acquisitions that are not plain uncontended `lock`s, parking waiters, and every release |
 ///
 /// A line the first two chunks share with the third is then written rarely, so
@@ -312,9 +313,14 @@ pub struct RawMutex {
     /// Ticks when a sampled hold began (valid with [`PENDING_SAMPLED`]).
     /// Only touched by the lock holder.
     hold_start: Cell<u64>,
-    /// A wait of 2^32 ticks or more (valid with [`PENDING_LONG_WAIT`]).
-    /// Only touched by the lock holder.
-    long_wait: Cell<u64>,
+    /// The upper 32 bits of a wait of 2^32 ticks or more (valid with
+    /// [`PENDING_LONG_WAIT`]). Only touched by the lock holder.
+    wait_high: Cell<u32>,
+    /// This hold's [`SiteWord`]: its acquisition's call site and, after a
+    /// wait, the site of the hold that ended it (valid with
+    /// [`PENDING_SITE`]; see [`super::holder`]). Only touched by the lock
+    /// holder.
+    sites: Cell<u32>,
     /// A waited-for acquisition's wait in ticks, when under 2^32. Only
     /// touched by the lock holder.
     wait: Cell<u32>,
@@ -362,8 +368,11 @@ const PENDING_WAITED_TRY_LOCK: u8 = 4;
 const PENDING_KIND: u8 = 0b111;
 /// `pending` flag: this hold is sampled; it began at `hold_start`.
 const PENDING_SAMPLED: u8 = 0b1000;
-/// `pending` flag: the wait is in `long_wait`, not `wait`.
+/// `pending` flag: the wait's upper bits are in `wait_high`.
 const PENDING_LONG_WAIT: u8 = 0b1_0000;
+/// `pending` flag: `sites` holds this hold's call sites; its release
+/// stamps them for the next waiter ([`super::holder`]).
+const PENDING_SITE: u8 = 0b10_0000;
 /// `pending` flag: threads were parked when this uncontended `lock` took
 /// the lock, so its release is `parking_lot`'s (see
 /// [`RawMutex::release`]), not the bare atomic add.
@@ -443,7 +452,8 @@ impl RawMutex {
             probe,
             adaptive,
             hold_start: Cell::new(0),
-            long_wait: Cell::new(0),
+            wait_high: Cell::new(0),
+            sites: Cell::new(0),
             wait: Cell::new(0),
             pending: Cell::new(PENDING_NOTHING),
             parkers: AtomicU8::new(0),
@@ -654,9 +664,9 @@ impl RawMutex {
     /// hand-off: the release's atomic add still sees PARKED_BIT and wakes
     /// a thread.
     #[inline(always)]
-    fn acquired_plain(&self) {
+    fn acquired_plain(&self, site: &'static Location<'static>) {
         if self.parkers.load(Ordering::Relaxed) != 0 {
-            self.release_slowly();
+            self.release_slowly(site);
         }
     }
 
@@ -674,8 +684,8 @@ impl RawMutex {
                 self.pending.set(PENDING_TRY_LOCK);
                 self.sample_reported(now);
             }
-            Acquired::Waited { op, ticks } => {
-                self.pending.set(self.record_wait(op, ticks));
+            Acquired::Waited { op, ticks, sites } => {
+                self.pending.set(self.record_wait(op, ticks, sites));
                 self.sample_reported(now);
             }
         }
@@ -683,10 +693,17 @@ impl RawMutex {
 
     /// Marks an uncontended `lock` taken while threads were parked: its
     /// release goes through `parking_lot`'s, which may hand the lock over.
+    /// Its call site is kept too: the threads parked on it wait for this
+    /// hold, which its release stamps ([`super::holder`]).
     #[cold]
     #[inline(never)]
-    fn release_slowly(&self) {
-        self.pending.set(self.pending.get() | PENDING_PARKED);
+    fn release_slowly(&self, site: &'static Location<'static>) {
+        let mut pending = self.pending.get() | PENDING_PARKED;
+        if pending & PENDING_SITE == 0 {
+            self.sites.set(SiteWord::own(self.probe.site_id(site)).0);
+            pending |= PENDING_SITE;
+        }
+        self.pending.set(pending);
     }
 
     /// The sampling of an acquisition reported on its own (a `try_lock` or
@@ -712,24 +729,50 @@ impl RawMutex {
         }
     }
 
-    /// Stores a wait for the release; returns its `pending` value.
+    /// Stores a wait and its [`SiteWord`] for the release; returns its
+    /// `pending` value.
     #[inline(always)]
-    fn record_wait(&self, op: u16, ticks: u64) -> u8 {
+    fn record_wait(&self, op: u16, ticks: u64, sites: u32) -> u8 {
         let kind = if op == op::TRY_LOCK {
             PENDING_WAITED_TRY_LOCK
         } else {
             PENDING_WAITED_LOCK
         };
-        match u32::try_from(ticks) {
-            Ok(ticks) => {
-                self.wait.set(ticks);
-                kind
-            }
-            Err(_) => {
-                self.long_wait.set(ticks);
-                kind | PENDING_LONG_WAIT
-            }
+        self.sites.set(sites);
+        self.wait.set(ticks as u32);
+        if ticks >> 32 == 0 {
+            kind | PENDING_SITE
+        } else {
+            self.wait_high.set((ticks >> 32) as u32);
+            kind | PENDING_SITE | PENDING_LONG_WAIT
         }
+    }
+
+    /// The [`SiteWord`] of a wait at `site` that just took the lock: the
+    /// site and the holder whose release ended the wait (see
+    /// [`super::holder`]). Read while holding the lock.
+    #[inline]
+    fn waited_sites(&self, site: u16) -> u32 {
+        let holder = match self.probe.id() {
+            Some(id) => holder::holder(id, self.state.load(Ordering::Relaxed) & COUNT_BITS),
+            None => 0,
+        };
+        SiteWord::with_holder(site, holder).0
+    }
+
+    /// Leaves this hold's site for the next waiter, just before a release
+    /// that leaves the lock word's count at `count_after`.
+    #[inline]
+    fn stamp_holder(&self, site: u16, count_after: u16) {
+        if let Some(id) = self.probe.id() {
+            holder::stamp(id, site, count_after);
+        }
+    }
+
+    /// The lock word's count bits after a release that adds `count`.
+    #[inline]
+    fn count_after(&self, count: u16) -> u16 {
+        (self.state.load(Ordering::Relaxed) & COUNT_BITS).wrapping_add(count) & COUNT_BITS
     }
 
     /// The `lock` that pays the draw this thread owes (see [`HOLD_DRAW`]):
@@ -738,7 +781,7 @@ impl RawMutex {
     /// the end of the wait.
     #[cold]
     #[inline(never)]
-    fn lock_drawing_a_sample(&self, weight: u32) {
+    fn lock_drawing_a_sample(&self, weight: u32, site: &'static Location<'static>) {
         if self.unmeasured() {
             // Nothing to sample; a draw a measured mutex's count left
             // stays for the next measured `lock`, for a while.
@@ -746,9 +789,9 @@ impl RawMutex {
                 HOLD_DRAW.with(|draw| draw.set(0));
             }
             if self.lock_fast() {
-                self.acquired_plain();
+                self.acquired_plain(site);
             } else {
-                self.lock_contended(false);
+                self.lock_contended(false, site);
             }
             return;
         }
@@ -761,12 +804,15 @@ impl RawMutex {
         HOLD_DRAW.with(|draw| draw.set(if fine { 1 } else { 0 }));
         if !sampled {
             if self.lock_fast() {
-                self.acquired_plain();
+                self.acquired_plain(site);
             } else {
-                self.lock_contended(false);
+                self.lock_contended(false, site);
             }
             return;
         }
+        // A sampled hold's site is known, so its release can stamp it for
+        // the next waiter (interned before the lock is taken).
+        let site_id = self.probe.site_id(site);
         // An adaptive lock's policy needs the critical section alone: it reads
         // the clock once the lock is taken. (Read before the `lock bts`, a
         // hammered lock's samples would include the wait for the lock word's
@@ -776,12 +822,13 @@ impl RawMutex {
         // that include that acquisition.
         let before = if self.adaptive { 0 } else { clock::ticks() };
         if self.lock_fast() {
-            self.acquired_plain();
+            self.sites.set(SiteWord::own(site_id).0);
+            self.acquired_plain(site);
             self.hold_start
                 .set(if self.adaptive { clock::ticks() } else { before });
             self.pending.set(self.pending.get() | PENDING_SAMPLED);
         } else {
-            self.lock_contended(true);
+            self.lock_contended(true, site);
         }
     }
 
@@ -794,12 +841,14 @@ impl RawMutex {
     /// start.
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self, sampled: bool) {
+    fn lock_contended(&self, sampled: bool, site: &'static Location<'static>) {
         if self.unmeasured() {
             self.lock_slow(0, Spin::Untimed, None);
             return;
         }
         let sampled = sampled || self.sampler.wants_sample(super::next_thread_op());
+        // Interned before the wait, so it is not part of the measured wait.
+        let site_id = self.probe.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -808,7 +857,8 @@ impl RawMutex {
             woken_after,
             ..
         } = self.lock_slow(start, spin, None);
-        let mut pending = self.record_wait(op::LOCK, now.saturating_sub(start).max(1));
+        let sites = self.waited_sites(site_id);
+        let mut pending = self.record_wait(op::LOCK, now.saturating_sub(start).max(1), sites);
         if sampled {
             // The wait's end is read before the compare-and-swap that takes
             // the lock, which is slow on a contended line: an adaptive lock,
@@ -824,7 +874,7 @@ impl RawMutex {
         }
         self.pending.set(pending);
         if parked && self.adaptive {
-            self.probe.emit(op::PARK, CONTENDED, woken_after);
+            self.probe.emit_at(op::PARK, CONTENDED, woken_after, site);
         }
     }
 
@@ -832,10 +882,11 @@ impl RawMutex {
     /// wait (C, and M when it timed out).
     #[cold]
     #[inline(never)]
-    fn try_lock_timed(&self, deadline: Option<Instant>) -> bool {
+    fn try_lock_timed(&self, deadline: Option<Instant>, site: &'static Location<'static>) -> bool {
         if self.unmeasured() {
             return self.lock_slow(0, Spin::Untimed, deadline).acquired;
         }
+        let site_id = self.probe.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -843,15 +894,19 @@ impl RawMutex {
         } = self.lock_slow(start, spin, deadline);
         let waited = now.saturating_sub(start).max(1);
         if acquired {
+            let sites = self.waited_sites(site_id);
             self.acquired(
                 Acquired::Waited {
                     op: op::TRY_LOCK,
                     ticks: waited,
+                    sites,
                 },
                 now,
             );
         } else {
-            self.probe.emit(op::TRY_LOCK, CONTENDED | MISS, waited);
+            self.probe
+                .emitter()
+                .emit_sites(op::TRY_LOCK, CONTENDED | MISS, waited, SiteWord::own(site_id));
         }
         acquired
     }
@@ -1098,9 +1153,11 @@ impl RawMutex {
             self.counted(replaced);
         } else if pending == PENDING_SAMPLED && !fair {
             // The same, sampled: the hold ends at the release, and its
-            // clock reading and push come after it.
+            // clock reading and push come after it. Its site is known
+            // (see `lock_drawing_a_sample`): left for the next waiter.
             let start = self.hold_start.get();
             self.pending.set(PENDING_NOTHING);
+            self.stamp_holder(SiteWord(self.sites.get()).site(), self.count_after(COUNT_ONE));
             let ended = self.adaptive_hold_end();
             // SAFETY: forwarded: the caller holds the lock.
             let replaced = unsafe { self.add_release(COUNT_ONE) };
@@ -1151,11 +1208,17 @@ impl RawMutex {
     #[inline(never)]
     unsafe fn release_recorded(&self, pending: u8, fair: bool) {
         let waited = || {
-            if pending & PENDING_LONG_WAIT != 0 {
-                self.long_wait.get()
+            let high = if pending & PENDING_LONG_WAIT != 0 {
+                u64::from(self.wait_high.get()) << 32
             } else {
-                u64::from(self.wait.get())
-            }
+                0
+            };
+            high | u64::from(self.wait.get())
+        };
+        let sites = if pending & PENDING_SITE != 0 {
+            SiteWord(self.sites.get())
+        } else {
+            SiteWord::NONE
         };
         let acquisition = match pending & PENDING_KIND {
             PENDING_TRY_LOCK => Some((op::TRY_LOCK, 0, 0)),
@@ -1174,18 +1237,75 @@ impl RawMutex {
         };
         // What the next uncontended `lock` expects to find.
         self.pending.set(PENDING_NOTHING);
+        let count = if plain { COUNT_ONE } else { 0 };
+        // Every recorded release stamps (site 0 if not known): one that
+        // adds nothing to the count must not leave an older stamp standing.
+        self.stamp_holder(sites.site(), self.count_after(count));
         // SAFETY: forwarded: the caller holds the lock.
-        let replaced = unsafe { self.unlock_raw(fair, if plain { COUNT_ONE } else { 0 }) };
+        let replaced = unsafe { self.unlock_raw(fair, count) };
         if plain {
             self.counted(replaced);
         }
         let emitter = self.probe.emitter();
         if let Some((op, flags, latency)) = acquisition {
-            emitter.emit(op, flags, latency);
+            // A waited acquisition carries its sites; a `try_lock` that
+            // got the lock at once neither waited nor missed.
+            let sites = if flags & CONTENDED != 0 {
+                sites
+            } else {
+                SiteWord::NONE
+            };
+            emitter.emit_sites(op, flags, latency, sites);
         }
         if let Some(start) = hold_start {
             emitter.emit(op::UNLOCK, 0, held(start, ended));
         }
+    }
+
+    /// `lock`, called at `site`. The site is only looked at on the slow
+    /// paths (a wait, a sampled hold, threads parked), never by the
+    /// uncontended `lock`.
+    #[inline(always)]
+    pub(crate) fn lock_at(&self, site: &'static Location<'static>) {
+        // Nothing of the lock is read before the `lock bts` (a load of its
+        // line there costs a hammered lock its exclusive ownership), and
+        // nothing is stored but the lock word.
+        let draw = HOLD_DRAW.with(Cell::get);
+        if draw != 0 {
+            self.lock_drawing_a_sample(draw, site);
+            return;
+        }
+        if self.lock_fast() {
+            self.acquired_plain(site);
+        } else {
+            self.lock_contended(false, site);
+        }
+    }
+
+    /// `try_lock`, called at `site` (carried by a miss).
+    #[inline(always)]
+    pub(crate) fn try_lock_at(&self, site: &'static Location<'static>) -> bool {
+        if self.try_lock_raw() {
+            self.acquired(Acquired::TryLock, 0);
+            true
+        } else {
+            self.probe.emit_at(op::TRY_LOCK, MISS, 0, site);
+            false
+        }
+    }
+
+    /// `try_lock_until` (`None`: wait without a deadline), called at `site`.
+    #[inline(always)]
+    pub(crate) fn try_lock_until_at(
+        &self,
+        deadline: Option<Instant>,
+        site: &'static Location<'static>,
+    ) -> bool {
+        if self.lock_fast() {
+            self.acquired(Acquired::TryLock, 0);
+            return true;
+        }
+        self.try_lock_timed(deadline, site)
     }
 
     /// `try_lock` without an observation (for `Debug`).
@@ -1209,32 +1329,18 @@ unsafe impl lock_api::RawMutex for RawMutex {
     const INIT: Self = Self::unobserved(false);
     type GuardMarker = GuardNoSend;
 
+    /// Called through `lock_api` (not [`Mutex::lock`]), the call site
+    /// recorded is `lock_api`'s.
     #[inline]
+    #[track_caller]
     fn lock(&self) {
-        // Nothing of the lock is read before the `lock bts` (a load of its
-        // line there costs a hammered lock its exclusive ownership), and
-        // nothing is stored but the lock word.
-        let draw = HOLD_DRAW.with(Cell::get);
-        if draw != 0 {
-            self.lock_drawing_a_sample(draw);
-            return;
-        }
-        if self.lock_fast() {
-            self.acquired_plain();
-        } else {
-            self.lock_contended(false);
-        }
+        self.lock_at(Location::caller());
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock(&self) -> bool {
-        if self.try_lock_raw() {
-            self.acquired(Acquired::TryLock, 0);
-            true
-        } else {
-            self.probe.emit(op::TRY_LOCK, MISS, 0);
-            false
-        }
+        self.try_lock_at(Location::caller())
     }
 
     #[inline]
@@ -1265,7 +1371,7 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
             // The thread the lock goes to records its own hold in these
             // fields; this hold's record must survive it.
             let pending = self.pending.get();
-            let (wait, long_wait) = (self.wait.get(), self.long_wait.get());
+            let (wait, wait_high, sites) = (self.wait.get(), self.wait_high.get(), self.sites.get());
             let hold_start = self.hold_start.get();
             // A plain `lock` is counted in the lock word at its release. Count
             // it at the bump's release instead: a thread that takes the lock
@@ -1275,7 +1381,14 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
             // counts nothing (`PENDING_QUIET`), and a sampled hold still goes
             // out there.
             let plain = pending & PENDING_KIND == PENDING_NOTHING;
-            let replaced = self.unlock_slow(true, if plain { COUNT_ONE } else { 0 });
+            let count = if plain { COUNT_ONE } else { 0 };
+            let site = if pending & PENDING_SITE != 0 {
+                SiteWord(sites).site()
+            } else {
+                0
+            };
+            self.stamp_holder(site, self.count_after(count));
+            let replaced = self.unlock_slow(true, count);
             if plain {
                 self.counted(replaced);
             }
@@ -1290,7 +1403,8 @@ unsafe impl lock_api::RawMutexFair for RawMutex {
                 pending
             });
             self.wait.set(wait);
-            self.long_wait.set(long_wait);
+            self.wait_high.set(wait_high);
+            self.sites.set(sites);
             self.hold_start.set(hold_start);
         }
     }
@@ -1302,21 +1416,15 @@ unsafe impl lock_api::RawMutexTimed for RawMutex {
     type Instant = Instant;
 
     #[inline]
+    #[track_caller]
     fn try_lock_for(&self, timeout: Duration) -> bool {
-        if self.lock_fast() {
-            self.acquired(Acquired::TryLock, 0);
-            return true;
-        }
-        self.try_lock_timed(Instant::now().checked_add(timeout))
+        self.try_lock_until_at(Instant::now().checked_add(timeout), Location::caller())
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_until(&self, timeout: Instant) -> bool {
-        if self.lock_fast() {
-            self.acquired(Acquired::TryLock, 0);
-            return true;
-        }
-        self.try_lock_timed(Some(timeout))
+        self.try_lock_until_at(Some(timeout), Location::caller())
     }
 }
 
@@ -1379,28 +1487,54 @@ impl<T> Mutex<T> {
 }
 
 impl<T: ?Sized> Mutex<T> {
-    /// Acquires the lock, blocking while another thread holds it.
+    /// Acquires the lock, blocking while another thread holds it. A wait
+    /// is attributed to the caller's line ([`crate::site`]).
     #[inline]
+    #[track_caller]
     pub fn lock(&self) -> MutexGuard<'_, T> {
-        self.inner.lock()
+        self.raw().lock_at(Location::caller());
+        // SAFETY: the lock was just acquired by this thread.
+        unsafe { self.inner.make_guard_unchecked() }
     }
 
     /// Acquires the lock if it is free.
     #[inline]
+    #[track_caller]
     pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-        self.inner.try_lock()
+        if self.raw().try_lock_at(Location::caller()) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Acquires the lock, waiting at most `timeout`.
     #[inline]
+    #[track_caller]
     pub fn try_lock_for(&self, timeout: Duration) -> Option<MutexGuard<'_, T>> {
-        self.inner.try_lock_for(timeout)
+        let site = Location::caller();
+        if self
+            .raw()
+            .try_lock_until_at(Instant::now().checked_add(timeout), site)
+        {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Acquires the lock, waiting until `deadline` at most.
     #[inline]
+    #[track_caller]
     pub fn try_lock_until(&self, deadline: Instant) -> Option<MutexGuard<'_, T>> {
-        self.inner.try_lock_until(deadline)
+        if self.raw().try_lock_until_at(Some(deadline), Location::caller()) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Whether the lock is held (a racy hint; not observed).
@@ -1462,8 +1596,9 @@ impl<T: ?Sized> Mutex<T> {
 
     fn raw(&self) -> &RawMutex {
         // SAFETY: the raw lock is only used for its instance id, its policy
-        // cache and (in `Debug`) a try-lock whose success is turned into a
-        // guard at once, so no guard's view of the lock is invalidated.
+        // cache and acquisitions (`lock`, the `try_lock`s, the try-lock of
+        // `Debug`) whose success is turned into a guard at once, so no
+        // guard's view of the lock is invalidated.
         unsafe { self.inner.raw() }
     }
 
@@ -2133,8 +2268,8 @@ mod tests {
         let plain = m.lock();
         assert_eq!(
             m.raw().pending.get(),
-            PENDING_PARKED,
-            "a plain lock, threads parked"
+            PENDING_PARKED | PENDING_SITE,
+            "a plain lock, threads parked (its site kept for the holder view)"
         );
         let thief = {
             let (m, winner) = (Arc::clone(&m), Arc::clone(&winner));
@@ -2377,7 +2512,14 @@ mod tests {
         let raw = m.raw();
         for ticks in [1, u64::from(u32::MAX), u64::from(u32::MAX) + 1, u64::MAX] {
             assert!(raw.try_lock_raw());
-            raw.acquired(Acquired::Waited { op: op::LOCK, ticks }, 0);
+            raw.acquired(
+                Acquired::Waited {
+                    op: op::LOCK,
+                    ticks,
+                    sites: 0,
+                },
+                0,
+            );
             // SAFETY: locked just above.
             unsafe { lock_api::RawMutex::unlock(raw) };
         }

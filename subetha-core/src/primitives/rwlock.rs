@@ -102,6 +102,7 @@ use super::{
 };
 use crate::clock;
 use crate::registry::InstanceKind;
+use crate::site::SiteWord;
 
 /// The kind [`RwLock`] registers.
 pub const KIND: InstanceKind = InstanceKind {
@@ -162,6 +163,8 @@ struct HoldReport {
     latency: u64,
     /// Ticks when a sampled hold began; 0 = not sampled.
     hold_start: u64,
+    /// The acquisition's [`SiteWord`] (a wait's call site), pushed with it.
+    sites: u32,
 }
 
 impl HoldRecord for HoldReport {
@@ -209,6 +212,18 @@ thread_local! {
     /// of an observed `RwLock`, as its weight (0: none; see the module
     /// docs), or [`FIRST_DRAW`].
     static RW_HOLD_DRAW: Cell<u64> = const { Cell::new(FIRST_DRAW) };
+    /// The [`SiteWord`] of the wait being recorded, set by the slow paths
+    /// around their `acquired_*` call for [`RawRwLock::record`] to take
+    /// (so the fast paths' reports need no site argument).
+    static WAIT_SITES: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f` (an `acquired_*` of a wait) with `sites` left for `record`.
+#[inline]
+fn with_wait_sites(sites: u32, f: impl FnOnce()) {
+    WAIT_SITES.set(sites);
+    f();
+    WAIT_SITES.set(0);
 }
 
 /// `RW_HOLD_DRAW` of a thread that has taken no observed `RwLock` yet: its
@@ -507,6 +522,7 @@ impl RawRwLock {
                 flags,
                 latency,
                 hold_start,
+                sites: 0,
             };
             self.record(side, report, now);
         }
@@ -641,10 +657,16 @@ impl RawRwLock {
     /// readers, and reports the acquisition as contended if any were
     /// inside (with that wait), else as immediate.
     #[inline(always)]
+    #[track_caller]
     fn exclude_then_report(&self, op: u16, ticket: Ticket) {
         match self.exclude_biased_readers(Revocation::Wait) {
             Ok(0) => self.acquired_exclusive(op, 0, 0, ticket, 0),
-            waited => self.acquired_exclusive(op, CONTENDED, waited.unwrap_or(1), ticket, 0),
+            waited => {
+                let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
+                with_wait_sites(sites, || {
+                    self.acquired_exclusive(op, CONTENDED, waited.unwrap_or(1), ticket, 0)
+                });
+            }
         }
     }
 
@@ -658,6 +680,7 @@ impl RawRwLock {
 
     /// A timed `try_write` once its immediate attempt failed: waits for
     /// the word, then for the biased readers, until `deadline`.
+    #[track_caller]
     fn write_until(&self, ticket: Ticket, deadline: Instant) -> bool {
         self.timed(op::TRY_WRITE, true, ticket, |inner| {
             // SAFETY: a successful `try_lock_exclusive_until` holds the
@@ -672,6 +695,7 @@ impl RawRwLock {
     /// # Safety
     ///
     /// The caller holds an upgradable lock.
+    #[track_caller]
     unsafe fn upgrade_until(&self, deadline: Option<Instant>) -> bool {
         let ticket = Ticket::REPORTED;
         // SAFETY: the caller holds an upgradable lock; a successful
@@ -716,6 +740,9 @@ impl RawRwLock {
         // (op 0, the shared end of a downgrade, reports nothing: not sampled.)
         if report.hold_start == 0 && report.op != 0 && (report.op != S::PLAIN || report.flags != 0) {
             report.hold_start = self.sample_reported(now);
+        }
+        if report.flags & CONTENDED != 0 {
+            report.sites = WAIT_SITES.get();
         }
         // Refused only when this thread's table is gone (a thread-local's
         // destructor is taking the lock): the release then counts a plain
@@ -793,7 +820,10 @@ impl RawRwLock {
         match (report.op, report.flags) {
             (0, _) => {}
             (op, 0) if op == S::PLAIN => self.count(counts, op),
-            (op, flags) => self.probe.emit(op, flags, report.latency),
+            (op, flags) => self
+                .probe
+                .emitter()
+                .emit_sites(op, flags, report.latency, SiteWord(report.sites)),
         }
         if report.hold_start != 0 {
             self.probe.emit(S::UNLOCK, 0, since(report.hold_start));
@@ -844,6 +874,7 @@ impl RawRwLock {
             flags: 0,
             latency: 0,
             hold_start: 0,
+            sites: 0,
         };
         self.record(Reads, report, 0);
     }
@@ -852,6 +883,7 @@ impl RawRwLock {
     /// unobserved lock just waits: no clock, no record.
     #[cold]
     #[inline(never)]
+    #[track_caller]
     fn wait_for(&self, op: u16, exclusive: bool, ticket: Ticket, wait: impl FnOnce(&parking_lot::RawRwLock)) {
         if self.observed.is_none() {
             wait(&self.inner);
@@ -860,6 +892,8 @@ impl RawRwLock {
             }
             return;
         }
+        // Interned before the wait, so it is not part of the measured wait.
+        let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -867,16 +901,19 @@ impl RawRwLock {
         wait(&self.inner);
         let now = clock::ticks();
         let waited = now.saturating_sub(start).max(1);
-        if exclusive {
-            self.acquired_exclusive(op, CONTENDED, waited, ticket, now);
-        } else {
-            self.acquired_shared(op, CONTENDED, waited, ticket, now);
-        }
+        with_wait_sites(sites, || {
+            if exclusive {
+                self.acquired_exclusive(op, CONTENDED, waited, ticket, now);
+            } else {
+                self.acquired_shared(op, CONTENDED, waited, ticket, now);
+            }
+        });
     }
 
     /// A timed acquisition's slow path: C + wait, M when it timed out.
     #[cold]
     #[inline(never)]
+    #[track_caller]
     fn timed(
         &self,
         op: u16,
@@ -891,6 +928,7 @@ impl RawRwLock {
             }
             return acquired;
         }
+        let sites = SiteWord::own(self.probe.site_id(Location::caller()));
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -899,29 +937,38 @@ impl RawRwLock {
         let now = clock::ticks();
         let waited = now.saturating_sub(start).max(1);
         match (acquired, exclusive) {
-            (true, true) => self.acquired_exclusive(op, CONTENDED, waited, ticket, now),
-            (true, false) => self.acquired_shared(op, CONTENDED, waited, ticket, now),
-            (false, _) => self.probe.emit(op, CONTENDED | MISS, waited),
+            (true, true) => with_wait_sites(sites.0, || {
+                self.acquired_exclusive(op, CONTENDED, waited, ticket, now)
+            }),
+            (true, false) => with_wait_sites(sites.0, || {
+                self.acquired_shared(op, CONTENDED, waited, ticket, now)
+            }),
+            (false, _) => self
+                .probe
+                .emitter()
+                .emit_sites(op, CONTENDED | MISS, waited, sites),
         }
         acquired
     }
 
     #[inline(always)]
+    #[track_caller]
     fn try_shared(&self, op: u16, ticket: Ticket, acquired: bool) -> bool {
         if acquired {
             self.acquired_shared(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit(op, MISS, 0);
+            self.probe.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }
 
     #[inline(always)]
+    #[track_caller]
     fn try_exclusive(&self, op: u16, ticket: Ticket, acquired: bool) -> bool {
         if acquired {
             self.acquired_exclusive(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit(op, MISS, 0);
+            self.probe.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }
@@ -936,6 +983,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     type GuardMarker = GuardNoSend;
 
     #[inline(always)]
+    #[track_caller]
     fn lock_shared(&self) {
         // Unobserved: nothing to tell apart, so `parking_lot`'s own
         // acquisition, not a `try` first. (Its `try` retries at once a
@@ -964,6 +1012,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_shared(&self) -> bool {
         let ticket = Ticket::REPORTED;
         let acquired = self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared();
@@ -977,6 +1026,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     }
 
     #[inline(always)]
+    #[track_caller]
     fn lock_exclusive(&self) {
         // Nothing of the lock is read before the compare-and-swap: a load of
         // its line there costs the swap its exclusive ownership, as the
@@ -995,6 +1045,7 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_exclusive(&self) -> bool {
         let ticket = Ticket::REPORTED;
         self.try_exclusive(op::TRY_WRITE, ticket, self.try_write_now())
@@ -1082,6 +1133,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     type Instant = Instant;
 
     #[inline]
+    #[track_caller]
     fn try_lock_shared_for(&self, timeout: Duration) -> bool {
         let ticket = Ticket::REPORTED;
         if self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared() {
@@ -1093,6 +1145,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_shared_until(&self, timeout: Instant) -> bool {
         let ticket = Ticket::REPORTED;
         if self.read_biased(self.counts_ptr()) || self.inner.try_lock_shared() {
@@ -1104,6 +1157,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_exclusive_for(&self, timeout: Duration) -> bool {
         let ticket = Ticket::REPORTED;
         if self.try_write_now() {
@@ -1119,6 +1173,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_exclusive_until(&self, timeout: Instant) -> bool {
         let ticket = Ticket::REPORTED;
         if self.try_write_now() {
@@ -1131,6 +1186,7 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
 // SAFETY: forwards to `parking_lot::RawRwLock`.
 unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     #[inline]
+    #[track_caller]
     fn lock_shared_recursive(&self) {
         let ticket = self.ticket();
         // Remembered before the hold: between the acquisition's atomic
@@ -1149,6 +1205,7 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_shared_recursive(&self) -> bool {
         let ticket = Ticket::REPORTED;
         let acquired =
@@ -1160,6 +1217,7 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
 // SAFETY: forwards to `parking_lot::RawRwLock`.
 unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
+    #[track_caller]
     fn try_lock_shared_recursive_for(&self, timeout: Duration) -> bool {
         let ticket = Ticket::REPORTED;
         if self.read_biased_recursive(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
@@ -1171,6 +1229,7 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_shared_recursive_until(&self, timeout: Instant) -> bool {
         let ticket = Ticket::REPORTED;
         if self.read_biased_recursive(self.counts_ptr()) || self.inner.try_lock_shared_recursive() {
@@ -1187,20 +1246,27 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     /// Pushed at once, in the hold: an upgradable hold is rarer than a
     /// read, and its release is not a read unlock.
     #[inline]
+    #[track_caller]
     fn lock_upgradable(&self) {
         if self.inner.try_lock_upgradable() {
             self.probe.emit(op::READ, 0, 0);
         } else {
+            let site = Location::caller();
             let start = clock::ticks();
             self.inner.lock_upgradable();
-            self.probe.emit(op::READ, CONTENDED, since(start));
+            self.probe.emit_at(op::READ, CONTENDED, since(start), site);
         }
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_upgradable(&self) -> bool {
         let acquired = self.inner.try_lock_upgradable();
-        self.probe.emit(op::TRY_READ, if acquired { 0 } else { MISS }, 0);
+        if acquired {
+            self.probe.emit(op::TRY_READ, 0, 0);
+        } else {
+            self.probe.emit_at(op::TRY_READ, MISS, 0, Location::caller());
+        }
         acquired
     }
 
@@ -1211,6 +1277,7 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     unsafe fn upgrade(&self) {
         let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock.
@@ -1225,6 +1292,7 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     }
 
     #[inline]
+    #[track_caller]
     unsafe fn try_upgrade(&self) -> bool {
         let ticket = Ticket::REPORTED;
         // SAFETY: forwarded: the caller holds an upgradable lock; a
@@ -1270,6 +1338,7 @@ unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
 // SAFETY: forwards to `parking_lot::RawRwLock`.
 unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
     #[inline]
+    #[track_caller]
     fn try_lock_upgradable_for(&self, timeout: Duration) -> bool {
         if self.inner.try_lock_upgradable() {
             self.probe.emit(op::TRY_READ, 0, 0);
@@ -1278,11 +1347,13 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_for(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe.emit(op::TRY_READ, flags, since(start));
+        self.probe
+            .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }
 
     #[inline]
+    #[track_caller]
     fn try_lock_upgradable_until(&self, timeout: Instant) -> bool {
         if self.inner.try_lock_upgradable() {
             self.probe.emit(op::TRY_READ, 0, 0);
@@ -1291,17 +1362,20 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_until(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe.emit(op::TRY_READ, flags, since(start));
+        self.probe
+            .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }
 
     #[inline]
+    #[track_caller]
     unsafe fn try_upgrade_for(&self, timeout: Duration) -> bool {
         // SAFETY: forwarded: the caller holds an upgradable lock.
         unsafe { self.upgrade_until(Instant::now().checked_add(timeout)) }
     }
 
     #[inline]
+    #[track_caller]
     unsafe fn try_upgrade_until(&self, timeout: Instant) -> bool {
         // SAFETY: forwarded: the caller holds an upgradable lock.
         unsafe { self.upgrade_until(Some(timeout)) }
@@ -1368,90 +1442,177 @@ impl<T> RwLock<T> {
 }
 
 impl<T: ?Sized> RwLock<T> {
-    /// Shared access, blocking while a writer holds the lock.
+    /// Shared access, blocking while a writer holds the lock. A wait is attributed to the caller's line ([`crate::site`]).
     #[inline]
+    #[track_caller]
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
-        self.inner.read()
+        let raw = self.raw();
+        lock_api::RawRwLock::lock_shared(raw);
+        // SAFETY: the lock was just acquired by this thread.
+        unsafe { self.inner.make_read_guard_unchecked() }
     }
 
     /// Shared access if available now.
     #[inline]
+    #[track_caller]
     pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
-        self.inner.try_read()
+        let raw = self.raw();
+        if lock_api::RawRwLock::try_lock_shared(raw) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_read_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Shared access, waiting at most `timeout`.
     #[inline]
+    #[track_caller]
     pub fn try_read_for(&self, timeout: Duration) -> Option<RwLockReadGuard<'_, T>> {
-        self.inner.try_read_for(timeout)
+        let raw = self.raw();
+        if lock_api::RawRwLockTimed::try_lock_shared_for(raw, timeout) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_read_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Shared access, waiting until `deadline` at most.
     #[inline]
+    #[track_caller]
     pub fn try_read_until(&self, deadline: Instant) -> Option<RwLockReadGuard<'_, T>> {
-        self.inner.try_read_until(deadline)
+        let raw = self.raw();
+        if lock_api::RawRwLockTimed::try_lock_shared_until(raw, deadline) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_read_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Shared access that succeeds even with writers waiting, if this thread
     /// already reads (see `parking_lot::RwLock::read_recursive`).
     #[inline]
+    #[track_caller]
     pub fn read_recursive(&self) -> RwLockReadGuard<'_, T> {
-        self.inner.read_recursive()
+        let raw = self.raw();
+        lock_api::RawRwLockRecursive::lock_shared_recursive(raw);
+        // SAFETY: the lock was just acquired by this thread.
+        unsafe { self.inner.make_read_guard_unchecked() }
     }
 
     /// Non-blocking [`RwLock::read_recursive`].
     #[inline]
+    #[track_caller]
     pub fn try_read_recursive(&self) -> Option<RwLockReadGuard<'_, T>> {
-        self.inner.try_read_recursive()
+        let raw = self.raw();
+        if lock_api::RawRwLockRecursive::try_lock_shared_recursive(raw) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_read_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Timed [`RwLock::read_recursive`].
     #[inline]
+    #[track_caller]
     pub fn try_read_recursive_for(&self, timeout: Duration) -> Option<RwLockReadGuard<'_, T>> {
-        self.inner.try_read_recursive_for(timeout)
+        let raw = self.raw();
+        if lock_api::RawRwLockRecursiveTimed::try_lock_shared_recursive_for(raw, timeout) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_read_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Exclusive access, blocking while anyone holds the lock.
     #[inline]
+    #[track_caller]
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-        self.inner.write()
+        let raw = self.raw();
+        lock_api::RawRwLock::lock_exclusive(raw);
+        // SAFETY: the lock was just acquired by this thread.
+        unsafe { self.inner.make_write_guard_unchecked() }
     }
 
     /// Exclusive access if available now.
     #[inline]
+    #[track_caller]
     pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-        self.inner.try_write()
+        let raw = self.raw();
+        if lock_api::RawRwLock::try_lock_exclusive(raw) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_write_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Exclusive access, waiting at most `timeout`.
     #[inline]
+    #[track_caller]
     pub fn try_write_for(&self, timeout: Duration) -> Option<RwLockWriteGuard<'_, T>> {
-        self.inner.try_write_for(timeout)
+        let raw = self.raw();
+        if lock_api::RawRwLockTimed::try_lock_exclusive_for(raw, timeout) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_write_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Exclusive access, waiting until `deadline` at most.
     #[inline]
+    #[track_caller]
     pub fn try_write_until(&self, deadline: Instant) -> Option<RwLockWriteGuard<'_, T>> {
-        self.inner.try_write_until(deadline)
+        let raw = self.raw();
+        if lock_api::RawRwLockTimed::try_lock_exclusive_until(raw, deadline) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_write_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Upgradable shared access (one at a time; upgrade with
-    /// [`RwLockUpgradableReadGuard::upgrade`]).
+    /// [`RwLockUpgradableReadGuard::upgrade`], whose wait is attributed to
+    /// `lock_api`'s line: the guard's methods are `lock_api`'s).
     #[inline]
+    #[track_caller]
     pub fn upgradable_read(&self) -> RwLockUpgradableReadGuard<'_, T> {
-        self.inner.upgradable_read()
+        let raw = self.raw();
+        lock_api::RawRwLockUpgrade::lock_upgradable(raw);
+        // SAFETY: the lock was just acquired by this thread.
+        unsafe { self.inner.make_upgradable_guard_unchecked() }
     }
 
     /// Non-blocking [`RwLock::upgradable_read`].
     #[inline]
+    #[track_caller]
     pub fn try_upgradable_read(&self) -> Option<RwLockUpgradableReadGuard<'_, T>> {
-        self.inner.try_upgradable_read()
+        let raw = self.raw();
+        if lock_api::RawRwLockUpgrade::try_lock_upgradable(raw) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_upgradable_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Timed [`RwLock::upgradable_read`].
     #[inline]
+    #[track_caller]
     pub fn try_upgradable_read_for(&self, timeout: Duration) -> Option<RwLockUpgradableReadGuard<'_, T>> {
-        self.inner.try_upgradable_read_for(timeout)
+        let raw = self.raw();
+        if lock_api::RawRwLockUpgradeTimed::try_lock_upgradable_for(raw, timeout) {
+            // SAFETY: the lock was just acquired by this thread.
+            Some(unsafe { self.inner.make_upgradable_guard_unchecked() })
+        } else {
+            None
+        }
     }
 
     /// Whether anyone holds the lock (racy hint, not observed).
@@ -1506,7 +1667,9 @@ impl<T: ?Sized> RwLock<T> {
     }
 
     fn raw(&self) -> &RawRwLock {
-        // SAFETY: only the instance id and the policy cache are used.
+        // SAFETY: the raw lock is used for its instance id, its policy
+        // cache and acquisitions whose success is turned into a guard at
+        // once, so no guard's view of the lock is invalidated.
         unsafe { self.inner.raw() }
     }
 

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
 use crate::clock;
 use crate::registry::InstanceKind;
+use crate::site::SiteWord;
 
 /// The kind [`Semaphore`] registers.
 pub const KIND: InstanceKind = InstanceKind {
@@ -155,39 +156,47 @@ impl Semaphore {
 
     /// Takes a permit, blocking until one is free.
     #[inline]
+    #[track_caller]
     pub fn acquire(&self) -> SemaphorePermit<'_> {
         if self.take(Ordering::Acquire) {
             return self.permit(op::ACQUIRE, 0, 0, 0);
         }
-        self.acquire_slow(op::ACQUIRE, None)
+        self.acquire_slow(op::ACQUIRE, None, Location::caller())
             .expect("an untimed acquisition always succeeds")
     }
 
     /// Takes a permit if one is free.
     #[inline]
+    #[track_caller]
     pub fn try_acquire(&self) -> Option<SemaphorePermit<'_>> {
         if self.take(Ordering::Acquire) {
             Some(self.permit(op::TRY_ACQUIRE, 0, 0, 0))
         } else {
-            self.probe.emit(op::TRY_ACQUIRE, MISS, 0);
+            self.probe.emit_at(op::TRY_ACQUIRE, MISS, 0, Location::caller());
             None
         }
     }
 
     /// Takes a permit, waiting at most `timeout`.
+    #[track_caller]
     pub fn try_acquire_for(&self, timeout: Duration) -> Option<SemaphorePermit<'_>> {
         if self.take(Ordering::Acquire) {
             return Some(self.permit(op::TRY_ACQUIRE, 0, 0, 0));
         }
-        self.acquire_slow(op::TRY_ACQUIRE, Some(Instant::now().checked_add(timeout)))
+        self.acquire_slow(
+            op::TRY_ACQUIRE,
+            Some(Instant::now().checked_add(timeout)),
+            Location::caller(),
+        )
     }
 
     /// Takes a permit, waiting until `deadline` at most.
+    #[track_caller]
     pub fn try_acquire_until(&self, deadline: Instant) -> Option<SemaphorePermit<'_>> {
         if self.take(Ordering::Acquire) {
             return Some(self.permit(op::TRY_ACQUIRE, 0, 0, 0));
         }
-        self.acquire_slow(op::TRY_ACQUIRE, Some(Some(deadline)))
+        self.acquire_slow(op::TRY_ACQUIRE, Some(Some(deadline)), Location::caller())
     }
 
     /// Adds `n` permits (e.g. to hand out ones taken with
@@ -216,7 +225,20 @@ impl Semaphore {
 
     #[inline(always)]
     fn permit(&self, op: u16, flags: u16, latency: u64, now: u64) -> SemaphorePermit<'_> {
-        self.probe.emit(op, flags, latency);
+        self.permit_sites(op, flags, latency, now, SiteWord::NONE)
+    }
+
+    /// [`permit`](Self::permit) of an acquisition carrying call sites.
+    #[inline(always)]
+    fn permit_sites(
+        &self,
+        op: u16,
+        flags: u16,
+        latency: u64,
+        now: u64,
+        sites: SiteWord,
+    ) -> SemaphorePermit<'_> {
+        self.probe.emitter().emit_sites(op, flags, latency, sites);
         let n = next_thread_op();
         let mut hold_start = 0;
         if n & self.sampler.check_mask() == 0 {
@@ -232,7 +254,13 @@ impl Semaphore {
     /// too far away to represent, i.e. none) passes.
     #[cold]
     #[inline(never)]
-    fn acquire_slow(&self, op: u16, deadline: Option<Option<Instant>>) -> Option<SemaphorePermit<'_>> {
+    fn acquire_slow(
+        &self,
+        op: u16,
+        deadline: Option<Option<Instant>>,
+        site: &'static Location<'static>,
+    ) -> Option<SemaphorePermit<'_>> {
+        let sites = SiteWord::own(self.probe.site_id(site));
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -260,9 +288,11 @@ impl Semaphore {
         let now = clock::ticks();
         let waited = now.saturating_sub(start).max(1);
         if acquired {
-            Some(self.permit(op, CONTENDED, waited, now))
+            Some(self.permit_sites(op, CONTENDED, waited, now, sites))
         } else {
-            self.probe.emit(op, CONTENDED | MISS, waited);
+            self.probe
+                .emitter()
+                .emit_sites(op, CONTENDED | MISS, waited, sites);
             None
         }
     }

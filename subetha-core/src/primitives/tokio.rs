@@ -87,6 +87,19 @@ impl Common {
         }
     }
 
+    /// [`acquired`](Self::acquired) of an acquisition that waited, called
+    /// at `site` (carried by its observation).
+    #[cold]
+    fn acquired_waited(&self, op: u16, latency: u64, now: u64, site: &'static Location<'static>) -> u64 {
+        self.probe.emit_at(op, CONTENDED, latency, site);
+        let n = next_thread_op();
+        if n & self.sampler.check_mask() == 0 {
+            self.sampler.bookkeeping(&self.probe, n, now)
+        } else {
+            0
+        }
+    }
+
     fn released(&self, op: u16, hold_start: u64) {
         if hold_start != 0 {
             self.probe.emit(op, 0, since(hold_start));
@@ -163,21 +176,26 @@ impl<T: ?Sized> AsyncMutex<T> {
     }
 
     /// Acquires the lock, waiting (asynchronously) while it is held.
-    pub async fn lock(&self) -> AsyncMutexGuard<'_, T> {
-        if let Ok(guard) = self.inner.try_lock() {
-            let start = self.common.acquired(mutex::op::LOCK, 0, 0, 0);
-            return self.guard(guard, start);
+    #[track_caller]
+    pub fn lock(&self) -> impl std::future::Future<Output = AsyncMutexGuard<'_, T>> {
+        let site = Location::caller();
+        async move {
+            if let Ok(guard) = self.inner.try_lock() {
+                let start = self.common.acquired(mutex::op::LOCK, 0, 0, 0);
+                return self.guard(guard, start);
+            }
+            let start = self.common.start_wait();
+            let guard = self.inner.lock().await;
+            let now = clock::ticks();
+            let hold =
+                self.common
+                    .acquired_waited(mutex::op::LOCK, now.saturating_sub(start).max(1), now, site);
+            self.guard(guard, hold)
         }
-        let start = self.common.start_wait();
-        let guard = self.inner.lock().await;
-        let now = clock::ticks();
-        let hold = self
-            .common
-            .acquired(mutex::op::LOCK, CONTENDED, now.saturating_sub(start).max(1), now);
-        self.guard(guard, hold)
     }
 
     /// Acquires the lock from synchronous code (not inside a runtime).
+    #[track_caller]
     pub fn blocking_lock(&self) -> AsyncMutexGuard<'_, T> {
         if let Ok(guard) = self.inner.try_lock() {
             let start = self.common.acquired(mutex::op::LOCK, 0, 0, 0);
@@ -186,13 +204,17 @@ impl<T: ?Sized> AsyncMutex<T> {
         let start = self.common.start_wait();
         let guard = self.inner.blocking_lock();
         let now = clock::ticks();
-        let hold = self
-            .common
-            .acquired(mutex::op::LOCK, CONTENDED, now.saturating_sub(start).max(1), now);
+        let hold = self.common.acquired_waited(
+            mutex::op::LOCK,
+            now.saturating_sub(start).max(1),
+            now,
+            Location::caller(),
+        );
         self.guard(guard, hold)
     }
 
     /// Acquires the lock if it is free.
+    #[track_caller]
     pub fn try_lock(&self) -> Result<AsyncMutexGuard<'_, T>, tokio::sync::TryLockError> {
         match self.inner.try_lock() {
             Ok(guard) => {
@@ -200,7 +222,9 @@ impl<T: ?Sized> AsyncMutex<T> {
                 Ok(self.guard(guard, start))
             }
             Err(error) => {
-                self.common.probe.emit(mutex::op::TRY_LOCK, MISS, 0);
+                self.common
+                    .probe
+                    .emit_at(mutex::op::TRY_LOCK, MISS, 0, Location::caller());
                 Err(error)
             }
         }
@@ -305,28 +329,33 @@ impl<T> AsyncRwLock<T> {
 
 impl<T: ?Sized> AsyncRwLock<T> {
     /// Shared access, waiting while a writer holds or waits for the lock.
-    pub async fn read(&self) -> AsyncRwLockReadGuard<'_, T> {
-        let (guard, hold_start) = match self.inner.try_read() {
-            Ok(guard) => (guard, self.common.acquired(rwlock::op::READ, 0, 0, 0)),
-            Err(_) => {
-                let start = self.common.start_wait();
-                let guard = self.inner.read().await;
-                let now = clock::ticks();
-                let waited = now.saturating_sub(start).max(1);
-                (
-                    guard,
-                    self.common.acquired(rwlock::op::READ, CONTENDED, waited, now),
-                )
+    #[track_caller]
+    pub fn read(&self) -> impl std::future::Future<Output = AsyncRwLockReadGuard<'_, T>> {
+        let site = Location::caller();
+        async move {
+            let (guard, hold_start) = match self.inner.try_read() {
+                Ok(guard) => (guard, self.common.acquired(rwlock::op::READ, 0, 0, 0)),
+                Err(_) => {
+                    let start = self.common.start_wait();
+                    let guard = self.inner.read().await;
+                    let now = clock::ticks();
+                    let waited = now.saturating_sub(start).max(1);
+                    (
+                        guard,
+                        self.common.acquired_waited(rwlock::op::READ, waited, now, site),
+                    )
+                }
+            };
+            AsyncRwLockReadGuard {
+                common: &self.common,
+                hold_start,
+                guard,
             }
-        };
-        AsyncRwLockReadGuard {
-            common: &self.common,
-            hold_start,
-            guard,
         }
     }
 
     /// Shared access if available now.
+    #[track_caller]
     pub fn try_read(&self) -> Result<AsyncRwLockReadGuard<'_, T>, tokio::sync::TryLockError> {
         match self.inner.try_read() {
             Ok(guard) => Ok(AsyncRwLockReadGuard {
@@ -335,35 +364,42 @@ impl<T: ?Sized> AsyncRwLock<T> {
                 guard,
             }),
             Err(error) => {
-                self.common.probe.emit(rwlock::op::TRY_READ, MISS, 0);
+                self.common
+                    .probe
+                    .emit_at(rwlock::op::TRY_READ, MISS, 0, Location::caller());
                 Err(error)
             }
         }
     }
 
     /// Exclusive access, waiting while anyone holds the lock.
-    pub async fn write(&self) -> AsyncRwLockWriteGuard<'_, T> {
-        let (guard, hold_start) = match self.inner.try_write() {
-            Ok(guard) => (guard, self.common.acquired(rwlock::op::WRITE, 0, 0, 0)),
-            Err(_) => {
-                let start = self.common.start_wait();
-                let guard = self.inner.write().await;
-                let now = clock::ticks();
-                let waited = now.saturating_sub(start).max(1);
-                (
-                    guard,
-                    self.common.acquired(rwlock::op::WRITE, CONTENDED, waited, now),
-                )
+    #[track_caller]
+    pub fn write(&self) -> impl std::future::Future<Output = AsyncRwLockWriteGuard<'_, T>> {
+        let site = Location::caller();
+        async move {
+            let (guard, hold_start) = match self.inner.try_write() {
+                Ok(guard) => (guard, self.common.acquired(rwlock::op::WRITE, 0, 0, 0)),
+                Err(_) => {
+                    let start = self.common.start_wait();
+                    let guard = self.inner.write().await;
+                    let now = clock::ticks();
+                    let waited = now.saturating_sub(start).max(1);
+                    (
+                        guard,
+                        self.common.acquired_waited(rwlock::op::WRITE, waited, now, site),
+                    )
+                }
+            };
+            AsyncRwLockWriteGuard {
+                common: &self.common,
+                hold_start,
+                guard,
             }
-        };
-        AsyncRwLockWriteGuard {
-            common: &self.common,
-            hold_start,
-            guard,
         }
     }
 
     /// Exclusive access if available now.
+    #[track_caller]
     pub fn try_write(&self) -> Result<AsyncRwLockWriteGuard<'_, T>, tokio::sync::TryLockError> {
         match self.inner.try_write() {
             Ok(guard) => Ok(AsyncRwLockWriteGuard {
@@ -372,7 +408,9 @@ impl<T: ?Sized> AsyncRwLock<T> {
                 guard,
             }),
             Err(error) => {
-                self.common.probe.emit(rwlock::op::TRY_WRITE, MISS, 0);
+                self.common
+                    .probe
+                    .emit_at(rwlock::op::TRY_WRITE, MISS, 0, Location::caller());
                 Err(error)
             }
         }
@@ -507,44 +545,51 @@ impl AsyncSemaphore {
     }
 
     /// Takes a permit, waiting for one; fails once the semaphore is closed.
-    pub async fn acquire(&self) -> Result<AsyncSemaphorePermit<'_>, tokio::sync::AcquireError> {
-        match self.inner.try_acquire() {
-            Ok(permit) => {
-                let start = self.common.acquired(semaphore::op::ACQUIRE, 0, 0, 0);
-                return Ok(self.permit(permit, start));
+    #[track_caller]
+    pub fn acquire(
+        &self,
+    ) -> impl std::future::Future<Output = Result<AsyncSemaphorePermit<'_>, tokio::sync::AcquireError>> {
+        let site = Location::caller();
+        async move {
+            match self.inner.try_acquire() {
+                Ok(permit) => {
+                    let start = self.common.acquired(semaphore::op::ACQUIRE, 0, 0, 0);
+                    return Ok(self.permit(permit, start));
+                }
+                Err(tokio::sync::TryAcquireError::Closed) => {
+                    self.common.probe.emit_at(semaphore::op::ACQUIRE, MISS, 0, site);
+                    // Let tokio produce its error value (a closed semaphore
+                    // answers at once).
+                    return match self.inner.acquire().await {
+                        Ok(permit) => Ok(self.permit(permit, 0)),
+                        Err(error) => Err(error),
+                    };
+                }
+                Err(tokio::sync::TryAcquireError::NoPermits) => {}
             }
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                self.common.probe.emit(semaphore::op::ACQUIRE, MISS, 0);
-                // Let tokio produce its error value (a closed semaphore
-                // answers at once).
-                return match self.inner.acquire().await {
-                    Ok(permit) => Ok(self.permit(permit, 0)),
-                    Err(error) => Err(error),
-                };
-            }
-            Err(tokio::sync::TryAcquireError::NoPermits) => {}
-        }
-        let start = self.common.start_wait();
-        let result = self.inner.acquire().await;
-        let now = clock::ticks();
-        let waited = now.saturating_sub(start).max(1);
-        match result {
-            Ok(permit) => {
-                let hold = self
-                    .common
-                    .acquired(semaphore::op::ACQUIRE, CONTENDED, waited, now);
-                Ok(self.permit(permit, hold))
-            }
-            Err(error) => {
-                self.common
-                    .probe
-                    .emit(semaphore::op::ACQUIRE, CONTENDED | MISS, waited);
-                Err(error)
+            let start = self.common.start_wait();
+            let result = self.inner.acquire().await;
+            let now = clock::ticks();
+            let waited = now.saturating_sub(start).max(1);
+            match result {
+                Ok(permit) => {
+                    let hold = self
+                        .common
+                        .acquired_waited(semaphore::op::ACQUIRE, waited, now, site);
+                    Ok(self.permit(permit, hold))
+                }
+                Err(error) => {
+                    self.common
+                        .probe
+                        .emit_at(semaphore::op::ACQUIRE, CONTENDED | MISS, waited, site);
+                    Err(error)
+                }
             }
         }
     }
 
     /// Takes a permit if one is free.
+    #[track_caller]
     pub fn try_acquire(&self) -> Result<AsyncSemaphorePermit<'_>, tokio::sync::TryAcquireError> {
         match self.inner.try_acquire() {
             Ok(permit) => {
@@ -552,7 +597,9 @@ impl AsyncSemaphore {
                 Ok(self.permit(permit, start))
             }
             Err(error) => {
-                self.common.probe.emit(semaphore::op::TRY_ACQUIRE, MISS, 0);
+                self.common
+                    .probe
+                    .emit_at(semaphore::op::TRY_ACQUIRE, MISS, 0, Location::caller());
                 Err(error)
             }
         }

@@ -27,6 +27,14 @@
 //!   `other_uid`) and one that tells the truth (`truthful`, one instance
 //!   `truthful-a`), for namespace tests.
 //!
+//! * `sites [--holds N] [--hold-us U]`: one `subetha_core::Mutex`
+//!   (`contention_demo`, every hold sampled) taken at two call sites: a
+//!   holder thread holds it U µs (default 1000) N times (default 200); the
+//!   main thread takes it briefly in between and measures each `lock()`.
+//!   Prints `ready <pid> <waiter_line> <holder_line>`, runs on `go`
+//!   (answering `ok`), drops the mutex, answers `truth` with
+//!   `ok <waiter_wait_ns> <waiter_locks>`, then parks.
+//!
 //! Truth lines are `ok <attempted> <queued> <dropped> <lost> <threads>
 //! <bursts>`: every `observe` call, and what each returned (queued, ring
 //! full, no ring), over the whole process.
@@ -60,11 +68,66 @@ fn main() {
         "idle" => idle(&opts),
         "many" => many(&opts),
         "hostile" => hostile::main(&opts),
+        "sites" => sites(&opts),
         other => {
             eprintln!("subetha-workload: unknown role {other:?} (run, idle, many, hostile)");
             std::process::exit(2);
         }
     }
+}
+
+/// The `sites` role (see the module docs).
+fn sites(opts: &Opts) {
+    let holds = opts.num("holds", 200);
+    let hold = Duration::from_micros(opts.num("hold-us", 1000));
+    let m = Arc::new(subetha_core::Mutex::named("contention_demo", 0u64));
+    let id = m.instance_id().expect("registered");
+    // Every hold sampled: every holder's call site is known.
+    let word = subetha_core::PolicyWord::default().with_sample_every(1);
+    assert!(subetha_core::primitives::set_policy_word(id, word));
+    m.refresh_policy();
+    let (waiter_line, holder_line) = (line!() + 27, line!() + 15);
+    reply(&format!(
+        "ready {} {waiter_line} {holder_line}",
+        std::process::id()
+    ));
+    let mut line = String::new();
+    while std::io::stdin().lock().read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "go" {
+        line.clear();
+    }
+    reply("ok");
+    let done = Arc::new(AtomicBool::new(false));
+    let holder = {
+        let (m, done) = (Arc::clone(&m), Arc::clone(&done));
+        std::thread::spawn(move || {
+            for _ in 0..holds {
+                let mut guard = m.lock();
+                *guard += 1;
+                std::thread::sleep(hold);
+                drop(guard);
+                std::thread::sleep(hold / 4);
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let (mut waited, mut locks) = (Duration::ZERO, 0u64);
+    while !done.load(Ordering::SeqCst) {
+        let start = Instant::now();
+        let mut guard = m.lock();
+        waited += start.elapsed();
+        *guard += 1;
+        drop(guard);
+        locks += 1;
+        std::thread::sleep(hold / 5);
+    }
+    holder.join().expect("holder");
+    drop(m);
+    let mut line = String::new();
+    while std::io::stdin().lock().read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "truth" {
+        line.clear();
+    }
+    reply(&format!("ok {} {locks}", waited.as_nanos()));
+    park_until_stdin_closes();
 }
 
 /// `--name value` options.
