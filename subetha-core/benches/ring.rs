@@ -959,7 +959,15 @@ fn outsider_rows() {
         };
         // Oriented as subetha / rtrb: push time, drop fraction, throughput.
         let push_ratio = paired(&push_ns, |o, r| o / r);
-        let drop_ratio = paired(&fractions, |o, r| if r > 0.0 { o / r } else if o > 0.0 { f64::INFINITY } else { 1.0 });
+        let drop_ratio = paired(&fractions, |o, r| {
+            if r > 0.0 {
+                o / r
+            } else if o > 0.0 {
+                f64::INFINITY
+            } else {
+                1.0
+            }
+        });
         let lossless_ratio = paired(&lossless_ns, |o, r| r / o);
         println!(
             "{group}: {rounds} rounds of {n} items, {disturbed} of {} runs disturbed by other processes",
