@@ -251,14 +251,26 @@ pub fn validate_file(pid: u32, file: &std::fs::File) -> Result<OpenedSegment, At
         uid: Some(ns_uid),
         pid_ns_inode: Some(ns.inode),
     };
-    if ns.foreign {
-        // Before mapping: the app's sidecar judges a lease we will hold by
-        // this lock, which lives as long as our mapping (see
-        // `SegmentView::foreign_consumer_present`).
-        subetha_core::segment::announce_presence(file.as_fd())?;
-    }
+    // For an app in another pid namespace, map through an open description
+    // of our own, locked: the app's sidecar judges a lease we hold by that
+    // lock, which lives as long as our mapping (see
+    // `SegmentView::foreign_consumer_present`). Never the descriptor itself:
+    // one received over the registration socket shares the app's own
+    // description, whose test would take the lock back.
+    let own;
+    let mapped = if ns.foreign {
+        own = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .map_err(|e| AttachError::Os("reopen the segment", e))?;
+        subetha_core::segment::announce_presence(own.as_fd())?;
+        &own
+    } else {
+        file
+    };
     let view =
-        SegmentView::map_fd(file.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
+        SegmentView::map_fd(mapped.as_fd(), &expect).map_err(|e| identity_error(e, pid, &ns, uid, ns_uid))?;
     if process_start_time(pid) != Some(start_time_ticks) || PidNamespace::of(pid).as_ref() != Some(&ns) {
         return Err(AttachError::Gone(pid));
     }

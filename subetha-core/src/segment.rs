@@ -621,7 +621,10 @@ impl Segment {
 /// [`SegmentView::foreign_consumer_present`]). The shared lock lives with
 /// the open description, which a mapping keeps open: it stays while the
 /// segment is mapped, even after `fd` is closed, and goes when it is
-/// unmapped or the process dies.
+/// unmapped or the process dies. `fd` must be the consumer's own open
+/// description (opened through `/proc`), never one shared with the creator
+/// (a descriptor received over a socket is the creator's description: its
+/// test would convert and drop the lock).
 pub fn announce_presence(fd: BorrowedFd<'_>) -> Result<(), SegmentError> {
     // Blocking: the creator's exclusive test holds its lock for two calls.
     // SAFETY: flock on a descriptor we borrow; no memory involved.

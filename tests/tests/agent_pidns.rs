@@ -303,6 +303,18 @@ fn a_containerized_app_registers_on_the_socket_and_is_attached_at_once() {
         "by its host pid, from SO_PEERCRED: {:?}",
         report.nspid
     );
+    // The received descriptor is the app's own open description: the lease
+    // must not be judged by a lock on it (the sidecar's test would take the
+    // lock back and break the lease of a live agent).
+    let probe = SegmentProbe::open(pid);
+    for _ in 0..30 {
+        assert_eq!(
+            probe.lease_pid(),
+            std::process::id(),
+            "the sidecar took a live agent's lease back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     workload.cmd("go");
     workload.wait_progress("some observations", |t| t.attempted > 1000);
     let truth = workload.stop();
