@@ -108,9 +108,9 @@ fn take_from_table<R: HoldRecord>(table: &'static LocalKey<RefCell<Vec<R>>>, loc
 /// Declares a unit struct implementing [`Records`] for `$record`, with
 /// its thread-locals.
 macro_rules! hold_records {
-    ($(#[$doc:meta])* struct $name:ident: $record:ty;) => {
+    ($(#[$doc:meta])* $vis:vis struct $name:ident: $record:ty;) => {
         $(#[$doc])*
-        struct $name;
+        $vis struct $name;
         const _: () = {
             use ::std::cell::{Cell, RefCell};
             thread_local! {
