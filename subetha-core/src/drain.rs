@@ -47,9 +47,9 @@ use std::time::Duration;
 
 use crate::clock::{self, Calibration};
 use crate::hooks;
+use crate::instance_id::{self, entry_index, id_generation};
 use crate::lease::{ConsumerLease, LeaseBusy};
 use crate::observation::Observation;
-use crate::registry::{entry_index, id_generation};
 use crate::ring::{ObservationRing, RingCorrupt};
 use crate::segment::{
     InstanceEntry, OP_KINDS, RingSlot, SegmentView, instance_state, read_padded_text, read_text, slot_state,
@@ -656,7 +656,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         };
         // Acquire: pairs with the registrar's Release of LIVE / RETIRED.
         let state = entry.state.load(Ordering::Acquire);
-        let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
+        let generation = instance_id::entry_generation(entry.generation.load(Ordering::Relaxed));
         let tracked = &mut self.instances[index as usize];
         let known = tracked.as_ref().is_some_and(|t| t.generation == generation);
         match state {
@@ -701,8 +701,8 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
         late.sort_unstable_by_key(|obs| obs.instance_id);
         let mut refreshed = None;
         for obs in &late {
-            let index = (obs.instance_id & 0xFFFF).wrapping_sub(1);
-            let generation = obs.instance_id >> 16;
+            let index = instance_id::index_unchecked(obs.instance_id);
+            let generation = id_generation(obs.instance_id);
             if refreshed != Some(obs.instance_id) {
                 refreshed = Some(obs.instance_id);
                 self.refresh_instance(index, true, Retirement::NextScan);
@@ -739,9 +739,10 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             let mut record = t.record;
             record.meta.retired_mono_ns = Some(entry.retired_mono_ns.load(Ordering::Relaxed));
             Self::keep_retired(&mut self.retired, record);
-            entry
-                .generation
-                .store(t.generation.wrapping_add(1) & 0xFFFF, Ordering::Relaxed);
+            entry.generation.store(
+                instance_id::entry_generation(t.generation.wrapping_add(1)),
+                Ordering::Relaxed,
+            );
             // Release: the generation bump is visible to the next registrar.
             entry.state.store(instance_state::FREE, Ordering::Release);
             freed += 1;
@@ -1057,12 +1058,10 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
     /// Sets the policy word of the live instance `id`; false if unknown.
     pub fn set_policy(&self, id: u32, word: u32) -> bool {
-        let Some(entry) = entry_index(id).and_then(|i| self.view().instance(i)) else {
+        let Some(entry) = self.view().instance_of(id) else {
             return false;
         };
-        if entry.generation.load(Ordering::Relaxed) & 0xFFFF != id_generation(id)
-            || entry.state.load(Ordering::Acquire) != instance_state::LIVE
-        {
+        if entry.state.load(Ordering::Acquire) != instance_state::LIVE {
             return false;
         }
         entry.policy.store(word, Ordering::Relaxed);
@@ -1071,9 +1070,8 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
 
     /// The current policy word of instance `id`, if it is live.
     pub fn policy(&self, id: u32) -> Option<u32> {
-        let entry = entry_index(id).and_then(|i| self.view().instance(i))?;
-        (entry.generation.load(Ordering::Relaxed) & 0xFFFF == id_generation(id))
-            .then(|| entry.policy.load(Ordering::Relaxed))
+        let entry = self.view().instance_of(id)?;
+        Some(entry.policy.load(Ordering::Relaxed))
     }
 
     /// Gives the lease back and returns what was accumulated.
@@ -1108,9 +1106,9 @@ fn drain_ring(
         }
         drained += n;
         for obs in &batch[..n] {
-            let index = (obs.instance_id & 0xFFFF).wrapping_sub(1) as usize;
+            let index = instance_id::index_unchecked(obs.instance_id) as usize;
             match instances.get_mut(index).and_then(Option::as_mut) {
-                Some(t) if t.generation == obs.instance_id >> 16 => t.account(obs, now),
+                Some(t) if t.generation == id_generation(obs.instance_id) => t.account(obs, now),
                 _ if late.len() < LATE_PER_SCAN => late.push(*obs),
                 _ => totals.unattributed += 1,
             }

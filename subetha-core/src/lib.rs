@@ -17,16 +17,19 @@
 //! queue.observe(1, Observation::FLAG_CONTENDED, 1200).unwrap();
 //! ```
 //!
-//! Module map: [`observation`] (the record, [`thread_id`]), [`ring`] (the
+//! Module map: [`observation`] (the record, [`thread_id`]), [`instance_id`]
+//! (what an observation names its instance by), [`ring`] (the
 //! SPSC ring), [`clock`] (ticks and calibration), [`segment`] (shared-memory
 //! layout and validation), [`registry`] (instances, per-thread rings, fork
 //! safety), [`stats`] (histograms, per-instance statistics), [`drain`] (the
 //! consumer's scan), [`lease`] (who may consume), [`sidecar`] (the in-process
 //! consumer thread and policies), [`announce`] (telling a running agent about
-//! a new segment), [`hooks`] (uprobe attach points).
+//! a new segment), [`hooks`] (uprobe attach points). Modules import only
+//! from below them in that order (`tests/module_layers.rs` checks it).
 
 pub mod clock;
 pub mod hooks;
+pub mod instance_id;
 pub mod observation;
 /// Under loom only the primitives' counting protocol is compiled, for its
 /// model (`op_counts::loom_tests`).
@@ -64,6 +67,16 @@ pub mod site;
 #[cfg(not(loom))]
 pub mod site_stats;
 pub mod stats;
+
+/// The crate root wires the layers: the registry tells the in-process
+/// consumer (the [`sidecar`]) about a new process segment and a fork through
+/// these hooks, whose type the registry defines, so that nothing below the
+/// consumer imports it.
+#[cfg(not(loom))]
+pub(crate) const PROCESS_HOOKS: registry::ProcessHooks = registry::ProcessHooks {
+    created: sidecar::on_process_segment_created,
+    forked: sidecar::forget_after_fork,
+};
 
 pub use observation::{Observation, thread_id};
 pub use ring::ObservationRing;

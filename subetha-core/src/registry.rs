@@ -29,12 +29,25 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 use crate::clock;
+use crate::instance_id;
 use crate::observation::{Observation, thread_id};
 use crate::ring::ObservationRing;
 use crate::segment::{
     INSTANCE_NAME_MAX, InstanceEntry, OP_KINDS, RingSlot, SHORT_NAME_MAX, Segment, SegmentConfig,
     SegmentError, SegmentLive, SegmentView, instance_state, slot_state, write_text,
 };
+
+/// What the layers above the registry do when the process's segment changes.
+/// The registry knows only this type; the crate root fills it in
+/// ([`PROCESS_HOOKS`](crate::PROCESS_HOOKS)), so that the registry imports
+/// nothing from its consumers.
+pub(crate) struct ProcessHooks {
+    /// Right after this process created its segment (the consumer starts).
+    pub created: fn(&'static Segment),
+    /// In a forked child, on the forking thread, before anything else runs
+    /// (the parent's consumer thread does not exist here).
+    pub forked: fn(),
+}
 
 /// Why a registration or an observation failed.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +213,7 @@ fn create_process_segment() -> Result<&'static Segment, RegistryError> {
     CREATING.store(false, Ordering::Release);
     let (segment, created) = result?;
     if created {
-        crate::sidecar::on_process_segment_created(segment);
+        (crate::PROCESS_HOOKS.created)(segment);
         if let Some(fd) = segment.fd() {
             crate::announce::announce(fd);
         }
@@ -256,7 +269,7 @@ extern "C" fn after_fork_in_child() {
             drop(unsafe { Box::from_raw(older) });
         }
     }
-    crate::sidecar::forget_after_fork();
+    (crate::PROCESS_HOOKS.forked)();
 }
 
 fn copy_live_instances(from: &SegmentView, to: &SegmentView) {
@@ -358,8 +371,9 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        if let Some(entry) = self.entry()
-            && entry.generation.load(Ordering::Relaxed) & 0xFFFF == self.id.get() >> 16
+        if let Some(entry) = process_segment()
+            .ok()
+            .and_then(|s| s.view().instance_of(self.id.get()))
         {
             entry
                 .retired_mono_ns
@@ -371,15 +385,7 @@ impl Drop for Instance {
     }
 }
 
-/// Splits an instance id into its table index (None for id 0).
-pub fn entry_index(id: u32) -> Option<u32> {
-    (id & 0xFFFF).checked_sub(1)
-}
-
-/// The generation bits of an instance id.
-pub fn id_generation(id: u32) -> u32 {
-    id >> 16
-}
+pub use crate::instance_id::{entry_index, id_generation};
 
 fn validate_name(name: &str) -> Result<(), RegistryError> {
     let reason = if name.is_empty() {
@@ -442,14 +448,14 @@ pub(crate) fn register_in(view: &SegmentView, kind: InstanceKind, name: &str) ->
             .registered_mono_ns
             .store(clock::monotonic_ns(), Ordering::Relaxed);
         entry.retired_mono_ns.store(0, Ordering::Relaxed);
-        let generation = entry.generation.load(Ordering::Relaxed) & 0xFFFF;
+        let generation = instance_id::entry_generation(entry.generation.load(Ordering::Relaxed));
         // Release: publishes the fields above before the id can appear in
         // any ring.
         entry.state.store(instance_state::LIVE, Ordering::Release);
         view.live()
             .instances_high_water
             .fetch_max(index + 1, Ordering::AcqRel);
-        return Ok((generation << 16) | (index + 1));
+        return Ok(instance_id::compose(index, generation));
     }
     Err(RegistryError::InstanceTableFull { capacity })
 }

@@ -876,6 +876,15 @@ impl SegmentView {
         Some(unsafe { &*self.base.as_ptr().add(offset).cast::<InstanceEntry>() })
     }
 
+    /// The entry instance `id` names, if the id is in the table and not
+    /// stale (its generation is the entry's; [`crate::instance_id::names`]).
+    /// Whatever its state: a caller that needs it live checks
+    /// [`InstanceEntry::state`].
+    pub fn instance_of(&self, id: u32) -> Option<&InstanceEntry> {
+        let entry = self.instance(crate::instance_id::entry_index(id)?)?;
+        crate::instance_id::names(id, entry.generation.load(Ordering::Relaxed)).then_some(entry)
+    }
+
     /// Ring slot `index`, if within the table.
     pub fn ring_slot(&self, index: u32) -> Option<&RingSlot> {
         if index >= self.layout.ring_slot_capacity {

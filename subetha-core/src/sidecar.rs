@@ -82,7 +82,8 @@ fn configured_mode() -> SidecarMode {
     })
 }
 
-/// Called by the registry right after the process segment is created.
+/// Called by the registry right after the process segment is created
+/// (through [`PROCESS_HOOKS`](crate::PROCESS_HOOKS)).
 pub(crate) fn on_process_segment_created(segment: &'static Segment) {
     let mode = configured_mode();
     segment

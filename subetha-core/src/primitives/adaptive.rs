@@ -103,8 +103,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::PolicyWord;
 use super::mutex::{self, Mutex, RawMutex};
-use super::{PolicyWord, ticks_per_spin_unit};
 use crate::clock;
 use crate::drain::Drainer;
 use crate::registry::InstanceKind;
@@ -119,16 +119,7 @@ pub const KIND: InstanceKind = InstanceKind {
     ops: &["lock", "try_lock", "unlock", "park"],
 };
 
-/// Spin budget while the policy word's `SPIN` field is unset.
-pub const DEFAULT_SPIN_NS: u64 = 1024;
-
-/// The tick until which a contended acquisition that started at `start`
-/// may spin under `word` (`start` itself when the budget is 0).
-#[inline]
-pub(crate) fn spin_deadline(start: u64, word: PolicyWord) -> u64 {
-    let budget_ns = word.spin_ns().unwrap_or(DEFAULT_SPIN_NS);
-    start.saturating_add(budget_ns / PolicyWord::SPIN_UNIT_NS * ticks_per_spin_unit())
-}
+pub use super::spin::DEFAULT_SPIN_NS;
 
 /// A [`Mutex`] whose spin-before-park budget adapts to the lock's observed
 /// behaviour (kind 7). Dereferences to [`Mutex`]: `lock`, `try_lock`, the

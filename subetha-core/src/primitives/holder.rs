@@ -26,7 +26,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::registry::{entry_index, id_generation};
+use crate::instance_id::{entry_index, id_generation};
 
 const VALID: u64 = 1 << 63;
 

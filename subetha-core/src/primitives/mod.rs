@@ -115,12 +115,11 @@
 
 use std::num::NonZeroU32;
 use std::panic::Location;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::clock;
 use crate::observation::Observation;
-use crate::registry::{Instance, InstanceKind, entry_index, id_generation, process_segment};
+use crate::registry::{Instance, InstanceKind, process_segment};
 use crate::segment::{INSTANCE_NAME_MAX, instance_state};
 use crate::site::SiteWord;
 
@@ -135,6 +134,7 @@ pub mod op_counts;
 pub(crate) mod reader_bias;
 pub mod rwlock;
 pub mod semaphore;
+mod spin;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -361,11 +361,8 @@ pub fn policy_word(id: u32) -> Option<u32> {
 }
 
 fn process_entry(id: u32) -> Option<&'static crate::segment::InstanceEntry> {
-    let segment = process_segment().ok()?;
-    let entry = segment.view().instance(entry_index(id)?)?;
-    (entry.generation.load(Ordering::Relaxed) & 0xFFFF == id_generation(id)
-        && entry.state.load(Ordering::Acquire) == instance_state::LIVE)
-        .then_some(entry)
+    let entry = process_segment().ok()?.view().instance_of(id)?;
+    (entry.state.load(Ordering::Acquire) == instance_state::LIVE).then_some(entry)
 }
 
 // ---------------------------------------------------------------------------
@@ -614,7 +611,7 @@ impl Sampler {
     pub(crate) fn slow_path_due(&self, now: u64) -> bool {
         let now_units = (now >> REFRESH_TICK_SHIFT) as u32;
         let last = self.refreshed_at.load(Ordering::Relaxed);
-        let period_ticks = ticks_per_spin_unit() * (SLOW_PATH_REFRESH_NS / PolicyWord::SPIN_UNIT_NS);
+        let period_ticks = spin::ticks_per_spin_unit() * (SLOW_PATH_REFRESH_NS / PolicyWord::SPIN_UNIT_NS);
         if u64::from(now_units.wrapping_sub(last)) < (period_ticks >> REFRESH_TICK_SHIFT).max(1) {
             return false;
         }
@@ -724,12 +721,6 @@ pub(crate) fn held(start: u64, ended: u64) -> u64 {
     } else {
         ended.saturating_sub(start).max(1)
     }
-}
-
-/// Ticks per [`PolicyWord::SPIN_UNIT_NS`], measured once.
-pub(crate) fn ticks_per_spin_unit() -> u64 {
-    static TICKS: OnceLock<u64> = OnceLock::new();
-    *TICKS.get_or_init(|| clock::calibration().ns_to_ticks(PolicyWord::SPIN_UNIT_NS).max(1))
 }
 
 /// Flag shorthands for the primitives.
@@ -1049,6 +1040,7 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::instance_id::entry_index;
 
     #[test]
     fn policy_word_fields_round_trip() {

@@ -78,7 +78,7 @@ use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
 use super::{
-    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, adaptive, draw_paid, held, holder, next_hold_random,
+    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, draw_paid, held, holder, next_hold_random,
     unobserved_lock_drops_draw,
 };
 use crate::clock;

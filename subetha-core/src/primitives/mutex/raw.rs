@@ -689,7 +689,7 @@ impl RawMutex {
             self.sampler.word()
         };
         if self.adaptive && !word.spin_yields() {
-            Spin::Until(adaptive::spin_deadline(start, word))
+            Spin::Until(crate::primitives::spin::spin_deadline(start, word))
         } else {
             Spin::ParkingLot
         }
