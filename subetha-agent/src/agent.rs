@@ -1358,6 +1358,21 @@ impl Tracked {
                     );
                     return;
                 }
+                // Another agent hands its leases back only when it exits:
+                // wait for that, and say so once, instead of asking.
+                let holder_pid = word_pid(holder);
+                if holder != 0
+                    && holder_pid != self.pid
+                    && subetha_core::lease::word_is_foreign(holder) == self.ns.foreign
+                    && discovery::is_other_agent(holder_pid)
+                {
+                    let waiting = discovery::drained_by_another_agent(holder_pid, self.pid);
+                    if note != waiting {
+                        tracing::info!(pid = self.pid, agent = holder_pid, "{waiting}");
+                    }
+                    self.lease = Lease::Waiting(waiting, Instant::now() + Duration::from_secs(1));
+                    return;
+                }
                 match TakeoverRequest::raise_in(&view, self.lease_scope()) {
                     Ok(Ok(lease)) => self.drainer.set_lease(lease),
                     Ok(Err(request)) => {
