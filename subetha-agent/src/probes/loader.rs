@@ -105,6 +105,10 @@ impl Probes {
 
     /// [`load`](Self::load), choosing the scheduler programs.
     pub fn load_with(sched: SchedPrograms) -> Result<Probes, ProbesError> {
+        let privileges = super::Privileges::of_this_process();
+        if !privileges.can_load() {
+            return Err(ProbesError::Privileges(privileges));
+        }
         let memlock = raise_memlock();
         // The BTF tracepoints read task_struct fields at these offsets; an
         // unset offset makes the verifier refuse them, and the classic
@@ -775,7 +779,7 @@ pub fn load_advice(mut text: String, memlock: Option<&std::io::Error>) -> String
         .iter()
         .any(|needle| text.contains(needle));
     if denied {
-        text.push_str(" (needs root, or CAP_BPF + CAP_PERFMON, and CAP_SYS_ADMIN for the uprobes)");
+        text.push_str(&format!(" ({})", super::PRIVILEGE_ADVICE));
     }
     if let Some(error) = memlock
         && (denied || no_memory)

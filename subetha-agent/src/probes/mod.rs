@@ -198,12 +198,102 @@ impl HookHits {
     }
 }
 
+/// Linux capability numbers (`linux/capability.h`).
+pub mod cap {
+    /// `CAP_SYS_PTRACE`.
+    pub const SYS_PTRACE: u32 = 19;
+    /// `CAP_SYS_ADMIN`.
+    pub const SYS_ADMIN: u32 = 21;
+    /// `CAP_SYS_RESOURCE`.
+    pub const SYS_RESOURCE: u32 = 24;
+    /// `CAP_PERFMON` (Linux 5.8).
+    pub const PERFMON: u32 = 38;
+    /// `CAP_BPF` (Linux 5.8).
+    pub const BPF: u32 = 39;
+}
+
+/// What loading the probes needs, in one sentence (doctor and errors).
+pub const PRIVILEGE_ADVICE: &str = "needs root, or CAP_BPF + CAP_PERFMON (and CAP_SYS_ADMIN for the uprobes)";
+
+/// This process's effective uid and capabilities, as far as loading the
+/// probes is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Privileges {
+    /// Effective uid.
+    pub euid: u32,
+    /// The `CapEff` bit set of `/proc/self/status`.
+    pub effective: u64,
+}
+
+impl Privileges {
+    /// This process's.
+    pub fn of_this_process() -> Self {
+        let effective = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("CapEff:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            })
+            .unwrap_or(0);
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        Self { euid, effective }
+    }
+
+    /// Whether capability `bit` is effective.
+    pub fn has(&self, bit: u32) -> bool {
+        bit < 64 && self.effective & (1u64 << bit) != 0
+    }
+
+    /// Whether the kernel can let this process create eBPF maps and load
+    /// tracing programs: CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON.
+    /// Without either, every map creation fails with EPERM.
+    pub fn can_load(&self) -> bool {
+        self.has(cap::SYS_ADMIN) || (self.has(cap::BPF) && self.has(cap::PERFMON))
+    }
+
+    /// The capabilities among those the agent cares about that are
+    /// effective, by name.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (cap::SYS_PTRACE, "CAP_SYS_PTRACE"),
+            (cap::SYS_ADMIN, "CAP_SYS_ADMIN"),
+            (cap::PERFMON, "CAP_PERFMON"),
+            (cap::BPF, "CAP_BPF"),
+            (cap::SYS_RESOURCE, "CAP_SYS_RESOURCE"),
+        ]
+        .into_iter()
+        .filter(|(bit, _)| self.has(*bit))
+        .map(|(_, name)| name)
+        .collect()
+    }
+
+    /// `none`, or the effective capabilities [`names`](Self::names) lists.
+    pub fn describe(&self) -> String {
+        let names = self.names();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
 /// Why the probes could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbesError {
     /// This build has no eBPF object.
     #[error("probes not built in ({0})")]
     NotBuiltIn(&'static str),
+    /// This process lacks the capabilities (checked before trying, so the
+    /// answer names no map or program, whose creation order varies).
+    #[error(
+        "loading the eBPF probes failed: {PRIVILEGE_ADVICE}; uid {} has effective capabilities: {}",
+        .0.euid,
+        .0.describe()
+    )]
+    Privileges(Privileges),
     /// The object could not be loaded (no privileges, no BPF support, ...).
     #[error("loading the eBPF probes failed: {0}")]
     Load(String),
