@@ -60,7 +60,7 @@ use crate::model::{
     ScanGap, StormReport,
 };
 use crate::pidns::{PidNamespace, TidMap};
-use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
+use crate::probes::{LoadedProbes, OffCpuFilter, ProbeEvent, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
 
@@ -263,7 +263,7 @@ struct State {
     /// on.
     own_work: VecDeque<OwnWork>,
     probes_active: bool,
-    probes: Option<Probes>,
+    probes: Option<LoadedProbes>,
     probes_note: String,
     probe_events: Vec<ProbeEvent>,
     probe_events_total: u64,
@@ -344,7 +344,7 @@ impl Agent {
     pub fn spawn(mut self) -> std::io::Result<AgentHandle> {
         match self.state.config.probes {
             ProbeMode::Off => self.state.probes_note = "off".into(),
-            mode => match Probes::load() {
+            mode => match LoadedProbes::load() {
                 Ok(mut probes) => {
                     // Only intervals that can explain a storm reach user
                     // space; the kernel counts the rest.
@@ -1271,8 +1271,8 @@ impl State {
                 scan_gap_buckets: Buckets::from_histogram(&self.scan_gaps, |v| v),
                 probes: self.probes_note.clone(),
                 probe_events: self.probe_events_total,
-                probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
-                probe_filtered: self.probes.as_ref().map_or(0, Probes::off_cpu_filtered),
+                probe_losses: self.probes.as_ref().map_or(0, LoadedProbes::losses),
+                probe_filtered: self.probes.as_ref().map_or(0, LoadedProbes::off_cpu_filtered),
             },
             processes: self
                 .tracked

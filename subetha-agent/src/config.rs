@@ -43,7 +43,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/subetha/agent.toml";
 /// `--probes auto|on|off` / `probes = "auto"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Probes {
+pub enum ProbesSetting {
     /// Load them when privileges and kernel allow; else one warning.
     #[default]
     Auto,
@@ -53,12 +53,12 @@ pub enum Probes {
     Off,
 }
 
-impl From<Probes> for ProbeMode {
-    fn from(probes: Probes) -> Self {
+impl From<ProbesSetting> for ProbeMode {
+    fn from(probes: ProbesSetting) -> Self {
         match probes {
-            Probes::Auto => ProbeMode::Auto,
-            Probes::On => ProbeMode::On,
-            Probes::Off => ProbeMode::Off,
+            ProbesSetting::Auto => ProbeMode::Auto,
+            ProbesSetting::On => ProbeMode::On,
+            ProbesSetting::Off => ProbeMode::Off,
         }
     }
 }
@@ -97,8 +97,8 @@ pub struct ScanArgs {
     pub scanner_cpu: Option<usize>,
     /// eBPF probes: auto (load when privileges and kernel allow), on (fail
     /// without them), off.
-    #[arg(long, value_enum, default_value_t = Probes::Auto)]
-    pub probes: Probes,
+    #[arg(long, value_enum, default_value_t = ProbesSetting::Auto)]
+    pub probes: ProbesSetting,
 }
 
 impl ScanArgs {
@@ -236,7 +236,7 @@ pub struct FileConfig {
     /// `--scanner-cpu`.
     pub scanner_cpu: Option<usize>,
     /// `--probes`.
-    pub probes: Option<Probes>,
+    pub probes: Option<ProbesSetting>,
     /// `--adaptive-policy`.
     pub adaptive_policy: Option<Switch>,
     /// `--socket`.
@@ -321,7 +321,7 @@ pub struct RunSettings {
     /// CPU for the scan thread.
     pub scanner_cpu: Option<usize>,
     /// eBPF probes.
-    pub probes: Probes,
+    pub probes: ProbesSetting,
     /// The adaptive-mutex policy.
     pub adaptive_policy: Switch,
     /// Ring counters per thread on /metrics.
@@ -686,7 +686,7 @@ mod tests {
         );
         assert_eq!(settings.min_scan_interval, Duration::from_micros(100));
         assert_eq!(settings.retention, Duration::from_secs(600));
-        assert_eq!(settings.probes, Probes::Auto);
+        assert_eq!(settings.probes, ProbesSetting::Auto);
         assert_eq!(settings.adaptive_policy, Switch::On);
         assert!(settings.agent_config().adaptive_policy);
         assert!(settings.origins.values().all(|o| *o == Origin::Default));
@@ -754,7 +754,7 @@ mod tests {
         assert_eq!(settings.min_scan_interval, Duration::from_millis(1));
         assert_eq!(settings.retention, Duration::from_secs(60));
         assert_eq!(settings.scanner_cpu, Some(1));
-        assert_eq!(settings.probes, Probes::Off);
+        assert_eq!(settings.probes, ProbesSetting::Off);
         assert_eq!(settings.adaptive_policy, Switch::Off);
         assert!(!settings.agent_config().adaptive_policy);
         assert_eq!(settings.socket, Some(PathBuf::from("/tmp/s.sock")));

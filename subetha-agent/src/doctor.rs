@@ -130,7 +130,7 @@ pub fn run() -> Vec<Check> {
         .unwrap_or_else(|_| "unknown".into());
     checks.push(Check::new("perf_event_paranoid", true, paranoid, "ok"));
     // The real test: load them, and report each program and attachment.
-    match crate::probes::Probes::load() {
+    match crate::probes::LoadedProbes::load() {
         Ok(mut probes) => {
             // SAFETY: getpid/gettid cannot fail.
             let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };

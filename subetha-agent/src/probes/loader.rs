@@ -1,4 +1,4 @@
-//! [`Probes`]: the loaded eBPF object, its attachments and its readers.
+//! [`LoadedProbes`]: the loaded eBPF object, its attachments and its readers.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -18,7 +18,7 @@ use super::events::{ProbeEvent, decode_event};
 use super::target::{HookObject, find_hook_object};
 use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, SchedPrograms, tracefs};
 
-/// At most this many records are decoded per [`Probes::drain_events`] call,
+/// At most this many records are decoded per [`LoadedProbes::drain_events`] call,
 /// so a flood cannot keep the caller in the loop forever.
 const MAX_EVENTS_PER_DRAIN: usize = 1 << 16;
 /// Error texts (verifier logs can be long) are cut to this many bytes.
@@ -40,7 +40,7 @@ struct Plain<T>(T);
 unsafe impl<T: bytemuck::Pod> aya::Pod for Plain<T> {}
 
 /// The uprobes of one process.
-struct ProcessProbes {
+struct ProcessUprobes {
     /// Where its hooks are (resolved on first use, retried while failing).
     object: Result<HookObject, String>,
     /// Per hook, in [`program::UPROBES`] order.
@@ -68,30 +68,30 @@ struct Watched {
 ///
 /// Not shared between threads: the agent's scan thread owns it, attaches
 /// processes as it discovers them and drains events on its timer.
-pub struct Probes {
+pub struct LoadedProbes {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     logger: Option<aya_log::EbpfLogger<TracingLog>>,
     /// Load errors of the uprobe programs, by name.
     uprobe_load_errors: HashMap<&'static str, String>,
     tracepoints: Vec<ProbeStatus>,
-    processes: HashMap<u32, ProcessProbes>,
+    processes: HashMap<u32, ProcessUprobes>,
     watched: HashMap<u32, Watched>,
     /// Free slots of the kernel's watched-thread array (popped from the end).
     free_slots: Vec<u32>,
     undecodable: u64,
 }
 
-impl std::fmt::Debug for Probes {
+impl std::fmt::Debug for LoadedProbes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Probes")
+        f.debug_struct("LoadedProbes")
             .field("processes", &self.processes.keys().collect::<Vec<_>>())
             .field("watched", &self.watched.len())
             .finish_non_exhaustive()
     }
 }
 
-impl Probes {
+impl LoadedProbes {
     /// Loads the object, loads every program, configures and attaches the
     /// four sched tracepoints (mounting tracefs on `/sys/kernel/tracing`
     /// first if it is not mounted anywhere). Tries to raise RLIMIT_MEMLOCK
@@ -99,12 +99,12 @@ impl Probes {
     /// itself cannot be loaded (no privileges, no BPF); a program or
     /// tracepoint that fails is reported by [`status`](Self::status) and
     /// the rest work.
-    pub fn load() -> Result<Probes, ProbesError> {
+    pub fn load() -> Result<LoadedProbes, ProbesError> {
         Self::load_with(SchedPrograms::Auto)
     }
 
     /// [`load`](Self::load), choosing the scheduler programs.
-    pub fn load_with(sched: SchedPrograms) -> Result<Probes, ProbesError> {
+    pub fn load_with(sched: SchedPrograms) -> Result<LoadedProbes, ProbesError> {
         let privileges = super::Privileges::of_this_process();
         if !privileges.can_load() {
             return Err(ProbesError::Privileges(privileges));
@@ -153,7 +153,7 @@ impl Probes {
                 uprobe_load_errors.insert(name, error);
             }
         }
-        let mut probes = Probes {
+        let mut probes = LoadedProbes {
             ebpf,
             events,
             logger,
@@ -304,7 +304,7 @@ impl Probes {
             uprobe_load_errors,
             ..
         } = self;
-        let process = processes.entry(pid).or_insert_with(|| ProcessProbes {
+        let process = processes.entry(pid).or_insert_with(|| ProcessUprobes {
             object: Err(String::new()),
             hooks: Default::default(),
         });

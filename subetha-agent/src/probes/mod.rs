@@ -14,21 +14,21 @@
 //! * BTF tracepoints (`tp_btf`) on `sched_switch` and `sched_migrate_task`
 //!   (where the kernel has no BTF, classic tracepoints on those and on
 //!   `sched_wakeup`/`sched_wakeup_new`), filtered in the kernel by a map of
-//!   watched thread ids ([`Probes::watch`]), that report off-CPU intervals
+//!   watched thread ids ([`LoadedProbes::watch`]), that report off-CPU intervals
 //!   of a watched thread with their reason ([`OffCpuInterval`]; which ones
-//!   is set by [`Probes::set_off_cpu_filter`]) and each of its migrations.
+//!   is set by [`LoadedProbes::set_off_cpu_filter`]) and each of its migrations.
 //!   The BTF programs read `task_struct` fields at offsets found in the
 //!   kernel's BTF at load time, a woken thread's runqueue wait included.
 //!
 //! Events go through one ring buffer submitted without wakeups; the agent
-//! drains it on its own timer ([`Probes::drain_events`]). Events that did
-//! not fit are counted ([`Probes::losses`]).
+//! drains it on its own timer ([`LoadedProbes::drain_events`]). Events that did
+//! not fit are counted ([`LoadedProbes::losses`]).
 //!
-//! Probes are optional. Without the `probes` cargo feature (or when the
-//! build ran with `AYA_BUILD_SKIP=1`) [`Probes::load`] answers
+//! The probes are optional. Without the `probes` cargo feature (or when the
+//! build ran with `AYA_BUILD_SKIP=1`) [`LoadedProbes::load`] answers
 //! [`ProbesError::NotBuiltIn`]; on a host that does not allow eBPF it
 //! answers another error. Once loaded, every program and every attach
-//! succeeds or fails on its own: [`Probes::status`] says which.
+//! succeeds or fails on its own: [`LoadedProbes::status`] says which.
 
 mod events;
 
@@ -49,9 +49,9 @@ mod tests;
 
 pub use events::{OffCpuInterval, ProbeEvent, decode_event};
 #[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
-pub use loader::Probes;
+pub use loader::LoadedProbes;
 #[cfg(not(all(feature = "probes", not(subetha_probes_skipped))))]
-pub use stub::Probes;
+pub use stub::LoadedProbes;
 
 /// Whether this build carries the eBPF object.
 pub const BUILT_IN: bool = cfg!(all(feature = "probes", not(subetha_probes_skipped)));
@@ -92,11 +92,11 @@ impl Role {
     }
 }
 
-/// Which scheduler programs [`Probes::load_with`] attaches.
+/// Which scheduler programs [`LoadedProbes::load_with`] attaches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SchedPrograms {
     /// The BTF tracepoints, each falling back to its classic tracepoint when
-    /// it cannot be loaded or attached (what [`Probes::load`] does).
+    /// it cannot be loaded or attached (what [`LoadedProbes::load`] does).
     #[default]
     Auto,
     /// Only the classic tracepoints (as on a kernel without BTF).
@@ -104,8 +104,8 @@ pub enum SchedPrograms {
 }
 
 /// Which off-CPU intervals of watched threads the kernel turns into events
-/// ([`Probes::set_off_cpu_filter`]); the others are only counted
-/// ([`Probes::off_cpu_filtered`]). An interval is reported when any
+/// ([`LoadedProbes::set_off_cpu_filter`]); the others are only counted
+/// ([`LoadedProbes::off_cpu_filtered`]). An interval is reported when any
 /// criterion holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OffCpuFilter {
