@@ -15,7 +15,8 @@
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent;
 //!   [`auth`] — the bearer token of `--auth-token-file`.
 //! * [`top`] — the live terminal view; [`report`] — storm pictures and HTML.
-//! * [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
+//! * [`series`] — the catalogue of exported series both exporters render;
+//!   [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
 //! * [`config`] — `run`'s flags and config file; [`logging`] — log output
 //!   and rate-limited warnings.
 
@@ -39,6 +40,7 @@ pub mod probes;
 pub mod profile;
 pub mod registration;
 pub mod report;
+pub mod series;
 pub mod sites;
 pub mod top;
 
