@@ -280,6 +280,10 @@ impl Privileges {
     }
 }
 
+/// A cause kept with its type (aya's errors exist only in builds with the
+/// probes).
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why the probes could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbesError {
@@ -295,15 +299,24 @@ pub enum ProbesError {
     )]
     Privileges(Privileges),
     /// The object could not be loaded (no privileges, no BPF support, ...).
-    #[error("loading the eBPF probes failed: {0}")]
-    Load(String),
+    /// The message is complete on its own (log lines print only it);
+    /// `source` is aya's error, for callers that look deeper.
+    #[error("loading the eBPF probes failed: {message}")]
+    Load {
+        /// aya's error with its causes, and what to do about it.
+        message: String,
+        /// aya's error.
+        #[source]
+        source: BoxedError,
+    },
     /// A map the programs need is missing or unusable.
-    #[error("eBPF map {map}: {error}")]
+    #[error("eBPF map {map}: {source}")]
     Map {
         /// Map name.
         map: &'static str,
-        /// What went wrong.
-        error: String,
+        /// What went wrong (aya's map error, or what the object lacks).
+        #[source]
+        source: BoxedError,
     },
     /// The process has no object defining the hook symbols, or its
     /// executable and mappings could not be read.
