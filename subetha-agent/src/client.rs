@@ -32,18 +32,36 @@ pub enum AgentAddr {
 /// The prefix that makes an address a unix socket path.
 pub const UNIX_PREFIX: &str = "unix:";
 
-impl FromStr for AgentAddr {
-    type Err = String;
+/// Why text is not an [`AgentAddr`].
+#[derive(Debug, thiserror::Error)]
+pub enum AddrError {
+    /// `unix:` without a path.
+    #[error("unix: needs a socket path (e.g. unix:/run/subetha/http.sock)")]
+    NoPath,
+    /// Neither `unix:PATH` nor a socket address.
+    #[error("{text:?} is not an address: write HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH")]
+    Invalid {
+        /// What was given.
+        text: String,
+        /// Why it is not a socket address.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+}
 
-    fn from_str(text: &str) -> Result<Self, String> {
+impl FromStr for AgentAddr {
+    type Err = AddrError;
+
+    fn from_str(text: &str) -> Result<Self, AddrError> {
         if let Some(path) = text.strip_prefix(UNIX_PREFIX) {
             if path.is_empty() {
-                return Err("unix: needs a socket path (e.g. unix:/run/subetha/http.sock)".into());
+                return Err(AddrError::NoPath);
             }
             return Ok(Self::Unix(PathBuf::from(path)));
         }
-        text.parse().map(Self::Tcp).map_err(|_| {
-            format!("{text:?} is not an address: write HOST:PORT (e.g. 127.0.0.1:9464) or unix:PATH")
+        text.parse().map(Self::Tcp).map_err(|source| AddrError::Invalid {
+            text: text.to_string(),
+            source,
         })
     }
 }
@@ -214,8 +232,8 @@ mod tests {
         let unix: AgentAddr = "unix:/run/subetha/http.sock".parse().unwrap();
         assert_eq!(unix, AgentAddr::Unix("/run/subetha/http.sock".into()));
         assert_eq!(unix.to_string(), "unix:/run/subetha/http.sock");
-        assert!("unix:".parse::<AgentAddr>().unwrap_err().contains("socket path"));
-        let bad = "nowhere".parse::<AgentAddr>().unwrap_err();
+        assert!(matches!("unix:".parse::<AgentAddr>(), Err(AddrError::NoPath)));
+        let bad = "nowhere".parse::<AgentAddr>().unwrap_err().to_string();
         assert!(bad.contains("HOST:PORT") && bad.contains("unix:PATH"), "{bad}");
     }
 

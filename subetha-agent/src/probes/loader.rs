@@ -13,9 +13,9 @@ use subetha_probes::{
     WATCHED_OVERFLOW_MAP, WatchedTask, global, index, program,
 };
 
-use super::btf::TaskOffsets;
+use super::btf::{BtfError, TaskOffsets};
 use super::events::{ProbeEvent, decode_event};
-use super::target::{HookObject, find_hook_object};
+use super::target::{HookObject, TargetError, find_hook_object};
 use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, SchedPrograms, tracefs};
 
 /// At most this many records are decoded per [`LoadedProbes::drain_events`] call,
@@ -81,7 +81,7 @@ enum ProgramFailure {
 /// The uprobes of one process.
 struct ProcessUprobes {
     /// Where its hooks are (resolved on first use, retried while failing).
-    object: Result<HookObject, String>,
+    object: Result<HookObject, TargetError>,
     /// Per hook, in [`program::UPROBES`] order.
     hooks: [HookAttach; 4],
 }
@@ -203,7 +203,7 @@ impl LoadedProbes {
         };
         let offsets = match sched {
             SchedPrograms::Auto => offsets,
-            SchedPrograms::Classic => Err("classic tracepoints asked for".to_string()),
+            SchedPrograms::Classic => Err(BtfError::from("classic tracepoints asked for")),
         };
         probes.start_sched(offsets, sched);
         Ok(probes)
@@ -212,8 +212,10 @@ impl LoadedProbes {
     /// Attaches the sched programs, each on its own: the BTF tracepoint
     /// where the kernel has BTF and the offsets were found, else the
     /// classic one configured from tracefs.
-    fn start_sched(&mut self, offsets: Result<TaskOffsets, String>, sched: SchedPrograms) {
-        let btf = offsets.and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
+    fn start_sched(&mut self, offsets: Result<TaskOffsets, BtfError>, sched: SchedPrograms) {
+        let btf = offsets
+            .map_err(|e| error_text(&e))
+            .and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
         let mut classic_config: Option<Result<(), String>> = None;
         // With the BTF sched_switch, a woken thread's runqueue wait comes
         // from its sched_info: the wakeup tracepoints are not needed.
@@ -246,7 +248,7 @@ impl LoadedProbes {
                 .get_or_insert_with(|| {
                     tracefs::tracefs_root()
                         .map_err(|e| e.to_string())
-                        .and_then(|root| tracefs::sched_config(&root))
+                        .and_then(|root| tracefs::sched_config(&root).map_err(|e| error_text(&e)))
                         .and_then(|config| self.set_sched_config(config).map_err(|e| error_text(&e)))
                 })
                 .clone();
@@ -348,7 +350,7 @@ impl LoadedProbes {
             ..
         } = self;
         let process = processes.entry(pid).or_insert_with(|| ProcessUprobes {
-            object: Err(String::new()),
+            object: Err(TargetError::NoHooks { tried: Vec::new() }),
             hooks: Default::default(),
         });
         if process.object.is_err() {
@@ -360,13 +362,11 @@ impl LoadedProbes {
         let object = match &process.object {
             Ok(object) => object.clone(),
             Err(reason) => {
+                let reason = error_text(reason);
                 for &hook in hooks {
                     process.hooks[hook as usize].error = Some(reason.clone());
                 }
-                return Err(ProbesError::Target {
-                    pid,
-                    reason: reason.clone(),
-                });
+                return Err(ProbesError::Target { pid, reason });
             }
         };
         let mut failures = Vec::new();
