@@ -69,6 +69,19 @@ impl BearerToken {
         Self::parse(&text, path)
     }
 
+    /// A warning when `path` can be read by users other than its owner
+    /// (group or other permission bits set): the token is a secret.
+    pub fn permission_warning(path: &Path) -> Option<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "the auth token file {} is readable beyond its owner (mode {mode:03o}); chmod 600 it",
+                path.display()
+            )
+        })
+    }
+
     /// The token in `text`, read from `path` (named in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self, TokenError> {
         let token = text.trim();
@@ -130,6 +143,22 @@ mod tests {
         assert!(!token.accepts("Basic 0123456789abcdef0123"));
         assert!(!token.accepts("0123456789abcdef0123"));
         assert!(!format!("{token:?}").contains("0123"));
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("subetha-token-mode-{}", std::process::id()));
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(BearerToken::permission_warning(&path), None);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let warning = BearerToken::permission_warning(&path).expect("a warning");
+        assert!(
+            warning.contains("mode 640") && warning.contains("chmod 600"),
+            "{warning}"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -393,7 +393,13 @@ fn run(settings: RunSettings) -> Result<()> {
     // token file or a busy port fails fast.
     let auth = match &settings.auth_token_file {
         None => None,
-        Some(path) => Some(subetha_agent::auth::BearerToken::read(path)?),
+        Some(path) => {
+            use subetha_agent::auth::BearerToken;
+            if let Some(warning) = BearerToken::permission_warning(path) {
+                tracing::warn!("{warning}");
+            }
+            Some(BearerToken::read(path)?)
+        }
     };
     let listener = runtime
         .block_on(http::bind(&settings.listen))

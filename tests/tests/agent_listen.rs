@@ -184,6 +184,16 @@ fn a_token_is_asked_for_and_the_clients_send_it() {
     );
     let base = format!("http://{addr}");
     wait_answering(&[], &format!("{base}/healthz"), &agent);
+    // A token file others can read is warned about (this one is 0644).
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(token).unwrap().permissions());
+    if mode & 0o077 != 0 {
+        let log = agent.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("WARN") && l.contains("readable beyond its owner")),
+            "{log}"
+        );
+    }
     // The token is not on the command line.
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", agent.child.id())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains(TOKEN));
