@@ -167,10 +167,9 @@ impl LoadedProbes {
                 .override_global(global::CFS_RQ_RQ_OFFSET, &offsets.cfs_rq_rq, true)
                 .override_global(global::RQ_CLOCK_OFFSET, &offsets.rq_clock, true);
         }
-        let mut ebpf = loader.load(object()).map_err(|e| ProbesError::Load {
-            message: load_advice(error_text(&e), &e, memlock.as_ref()),
-            source: Box::new(e),
-        })?;
+        let mut ebpf = loader
+            .load(object())
+            .map_err(|e| load_failure(e, memlock.as_ref()))?;
         let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
             Ok(logger) => Some(logger),
             Err(error) => {
@@ -848,6 +847,23 @@ pub fn load_advice(
     text
 }
 
+/// A failed object load as a [`ProbesError::Load`]. A map the kernel
+/// refused to create is not named: aya creates the maps in hash order, so
+/// the name would change from run to run while the cause (every map is
+/// refused alike) does not; aya's error, name included, stays the source.
+fn load_failure(error: aya::EbpfError, memlock: Option<&std::io::Error>) -> ProbesError {
+    let text = match &error {
+        aya::EbpfError::MapError(MapError::CreateError { io_error, .. }) => {
+            format!("the kernel refused to create the eBPF maps: {io_error}")
+        }
+        other => error_text(other),
+    };
+    ProbesError::Load {
+        message: load_advice(text, &error, memlock),
+        source: Box::new(error),
+    }
+}
+
 /// The errno of the first `std::io::Error` in `error`'s chain.
 fn os_error(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
     let mut next = Some(error);
@@ -947,6 +963,22 @@ mod advice_tests {
             advice.contains("CAP_BPF + CAP_PERFMON") && !advice.contains("RLIMIT_MEMLOCK"),
             "{advice}"
         );
+        // A refused map is not named (the order maps are created in varies),
+        // but the typed source still names it.
+        let refused_map = |name: &str| {
+            super::load_failure(
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+                    name: name.into(),
+                    io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+                }),
+                None,
+            )
+        };
+        let (a, b) = (refused_map("HITS"), refused_map("CPU_RUN"));
+        assert_eq!(a.to_string(), b.to_string());
+        assert!(!a.to_string().contains("HITS"), "{a}");
+        assert!(a.to_string().contains("CAP_BPF + CAP_PERFMON"), "{a}");
+        assert!(format!("{:?}", std::error::Error::source(&a)).contains("HITS"));
         // The errno decides, not words in a message.
         let einval = Wrapped(std::io::Error::from_raw_os_error(libc::EINVAL));
         let advice = load_advice("map `Permission denied` creation failed".into(), &einval, None);
