@@ -39,15 +39,31 @@ fn installed(dir: &ScratchDir) -> PathBuf {
 
 /// `doctor --json` run unprivileged: (name, status, detail) per check.
 fn doctor(exe: &Path) -> Vec<(String, String, String)> {
+    doctor_with(exe, &[])
+}
+
+/// [`doctor`], under `wrapper` (a command line ending where the agent's
+/// begins) instead of dropping to `nobody` itself.
+fn doctor_with(exe: &Path, wrapper: &[&str]) -> Vec<(String, String, String)> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let output = loop {
-        let mut command = Command::new(exe);
+        let mut command = match wrapper.split_first() {
+            None => Command::new(exe),
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+        };
         command
             .args(["doctor", "--json"])
             .current_dir("/")
             .env("SUBETHA_LOG", "warn")
             .stdin(Stdio::null());
-        match unprivileged(&mut command).output() {
+        if wrapper.is_empty() {
+            unprivileged(&mut command);
+        }
+        match command.output() {
             // The fresh copy may still be open for writing in a child another
             // test thread forked meanwhile.
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && std::time::Instant::now() < deadline => {
@@ -164,4 +180,66 @@ fn doctor_as_a_user_tells_the_truth_about_tracefs_and_privileges() {
     } else {
         eprintln!("not root: the probes' privilege advice is checked only when the test runs as root");
     }
+}
+
+/// With CAP_BPF + CAP_PERFMON but not CAP_SYS_ADMIN (ambient capabilities
+/// of `nobody`, through setpriv), the probes load; a uprobe the kernel
+/// refuses says what uprobes need.
+#[test]
+fn doctor_with_bpf_and_perfmon_says_what_uprobes_need() {
+    if getuid() != 0 {
+        eprintln!("not root: cannot grant capabilities to another user; nothing checked");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("SUBETHA_REQUIRE_TOOLS").is_none(),
+            "setpriv (util-linux) is required (SUBETHA_REQUIRE_TOOLS is set)"
+        );
+        eprintln!("*** SKIPPING: setpriv is not installed ***");
+        return;
+    }
+    let scratch = ScratchDir::new("doctor-bpf-perfmon");
+    let exe = installed(&scratch);
+    let wrapper = [
+        "setpriv",
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "--inh-caps",
+        "+bpf,+perfmon",
+        "--ambient-caps",
+        "+bpf,+perfmon",
+    ];
+    let checks = doctor_with(&exe, &wrapper);
+    let (_, _, caps) = check(&checks, "capabilities");
+    if !(caps.contains("CAP_BPF") && caps.contains("CAP_PERFMON")) {
+        panic!("setpriv did not grant CAP_BPF + CAP_PERFMON: {caps}");
+    }
+    let (_, _, probes) = check(&checks, "probes");
+    assert!(
+        !probes.contains("needs root, or CAP_BPF + CAP_PERFMON;"),
+        "the capabilities suffice to load: {probes}"
+    );
+    let programs: Vec<&(String, String, String)> = checks
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("probe "))
+        .collect();
+    assert!(
+        !programs.is_empty(),
+        "the probes loaded, so each program has a line: {checks:#?}"
+    );
+    for (name, status, detail) in &programs {
+        let denied = detail.contains("Permission denied") || detail.contains("Operation not permitted");
+        if name.starts_with("probe up_") && denied {
+            assert_eq!(status, "missing", "{name}: {detail}");
+            assert!(
+                detail.contains("uprobes need root or CAP_SYS_ADMIN"),
+                "{name}: {detail}"
+            );
+        }
+    }
+    eprintln!("{probes}");
 }

@@ -386,7 +386,7 @@ impl LoadedProbes {
                             UProbeScope::OneProcess(scope),
                         )?)
                     })
-                    .map_err(|e| error_text(&e)),
+                    .map_err(|e| uprobe_attach_text(&e)),
             };
             match result {
                 Ok(link) => {
@@ -862,6 +862,16 @@ fn load_failure(error: aya::EbpfError, memlock: Option<&std::io::Error>) -> Prob
         message: load_advice(text, &error, memlock),
         source: Box::new(error),
     }
+}
+
+/// A failed uprobe attach's text; a permission error says what uprobes
+/// need beyond what the sched tracepoints do.
+fn uprobe_attach_text(error: &ProgramFailure) -> String {
+    let mut text = error_text(error);
+    if matches!(os_error(error), Some(libc::EPERM | libc::EACCES)) {
+        text.push_str(" (uprobes need root or CAP_SYS_ADMIN)");
+    }
+    text
 }
 
 /// The errno of the first `std::io::Error` in `error`'s chain.
