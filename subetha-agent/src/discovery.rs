@@ -72,12 +72,13 @@ pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
     };
     let prefix = format!("/memfd:{MEMFD_NAME}");
     for pid in pid_list {
-        if pid == own || is_other_agent(pid) {
+        if pid == own {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
+        let mut other_agent = None;
         for entry in fds.flatten() {
             let Ok(target) = std::fs::read_link(entry.path()) else {
                 continue;
@@ -92,6 +93,11 @@ pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
             let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
                 continue;
             };
+            // Asked only of processes holding a segment: one more read per
+            // such process, none for the rest of the host.
+            if *other_agent.get_or_insert_with(|| is_other_agent(pid)) {
+                break;
+            }
             let inode = std::fs::metadata(entry.path()).map(|m| m.ino()).unwrap_or(0);
             found.push(Candidate { pid, fd, inode });
         }
