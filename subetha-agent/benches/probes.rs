@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, measurement::WallTime};
 use subetha_agent::AgentConfig;
-use subetha_agent::probes::{OffCpuFilter, Probes, Role};
+use subetha_agent::probes::{LoadedProbes, OffCpuFilter, Role};
 use subetha_core::{Observation, ObservationRing};
 
 /// Round trips per ping-pong iteration: ~8,000 off-CPU events when both
@@ -113,8 +113,8 @@ fn pipe() -> (File, File) {
 
 /// The probes, or `None` (with a message) where they cannot load and the
 /// environment does not require them.
-fn load_probes() -> Option<Probes> {
-    match Probes::load() {
+fn load_probes() -> Option<LoadedProbes> {
+    match LoadedProbes::load() {
         Ok(probes) => Some(probes),
         Err(error) => {
             if std::env::var("SUBETHA_REQUIRE_PROBES").is_ok_and(|v| v == "1") {
@@ -127,7 +127,7 @@ fn load_probes() -> Option<Probes> {
 }
 
 /// Drains the probes' events (untimed); returns how many.
-fn drain(probes: &mut Probes) -> u64 {
+fn drain(probes: &mut LoadedProbes) -> u64 {
     let mut events = Vec::new();
     let mut total = 0;
     loop {
@@ -190,7 +190,7 @@ impl PingPong {
     }
 
     /// Times `iters` iterations, draining `probes` after each (untimed).
-    fn time(&mut self, iters: u64, mut probes: Option<&mut Probes>) -> Duration {
+    fn time(&mut self, iters: u64, mut probes: Option<&mut LoadedProbes>) -> Duration {
         let mut timed = Duration::ZERO;
         for _ in 0..iters {
             let start = Instant::now();
@@ -263,7 +263,7 @@ fn agent_filter() -> OffCpuFilter {
 
 /// Puts the probes into `state` for the threads of `pp` (loading or
 /// dropping them as needed). `None` when the probes cannot load.
-fn set_sched(probes: &mut Option<Probes>, state: Sched, pp: &PingPong) -> Option<()> {
+fn set_sched(probes: &mut Option<LoadedProbes>, state: Sched, pp: &PingPong) -> Option<()> {
     if state == Sched::Unloaded {
         *probes = None;
         return Some(());
@@ -301,7 +301,7 @@ fn pingpong_layouts() -> Vec<(&'static str, usize)> {
     layouts
 }
 
-fn bench_sched(group: &mut BenchmarkGroup<'_, WallTime>, probes: &mut Option<Probes>) {
+fn bench_sched(group: &mut BenchmarkGroup<'_, WallTime>, probes: &mut Option<LoadedProbes>) {
     group.throughput(Throughput::Elements(ROUND_TRIPS));
     for (layout, cpu) in pingpong_layouts() {
         let mut pp = PingPong::new(cpu);
@@ -309,7 +309,7 @@ fn bench_sched(group: &mut BenchmarkGroup<'_, WallTime>, probes: &mut Option<Pro
             if set_sched(probes, state, &pp).is_none() {
                 continue;
             }
-            let losses = probes.as_ref().map_or(0, Probes::losses);
+            let losses = probes.as_ref().map_or(0, LoadedProbes::losses);
             group.bench_function(format!("pingpong_{layout}/{}", state.name()), |b| {
                 b.iter_custom(|iters| pp.time(iters, probes.as_mut()))
             });
@@ -404,7 +404,7 @@ fn time_pattern(
     pattern: Pattern,
     ring: &ObservationRing,
     iters: u64,
-    mut probes: Option<&mut Probes>,
+    mut probes: Option<&mut LoadedProbes>,
 ) -> Duration {
     let mut timed = Duration::ZERO;
     for _ in 0..iters {
@@ -419,7 +419,7 @@ fn time_pattern(
     timed
 }
 
-fn set_uprobes(probes: &mut Probes, attached: bool) {
+fn set_uprobes(probes: &mut LoadedProbes, attached: bool) {
     let pid = std::process::id();
     if attached {
         probes
@@ -437,7 +437,7 @@ const PATTERNS: [Pattern; 4] = [
     Pattern::FillDrain(1),
 ];
 
-fn bench_uprobes(group: &mut BenchmarkGroup<'_, WallTime>, probes: &mut Probes) {
+fn bench_uprobes(group: &mut BenchmarkGroup<'_, WallTime>, probes: &mut LoadedProbes) {
     let ring = full_ring();
     for pattern in PATTERNS {
         group.throughput(Throughput::Elements(pattern.pushes()));
@@ -482,7 +482,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// Rounds alternating the configurations; per-round ratios, medians.
-fn report(probes: &mut Option<Probes>, quick: bool) {
+fn report(probes: &mut Option<LoadedProbes>, quick: bool) {
     let rounds = if quick { 5 } else { 15 };
     eprintln!("\nprobes A/B ({rounds} rounds each, medians of per-round ratios):");
     eprintln!(
@@ -624,7 +624,7 @@ fn main() {
     let quick = std::env::var("SUBETHA_BENCH_QUICK").is_ok_and(|v| v == "1");
     let benching = std::env::args().any(|a| a == "--bench");
     let mut criterion = Criterion::default().configure_from_args();
-    let mut probes: Option<Probes> = None;
+    let mut probes: Option<LoadedProbes> = None;
     {
         let mut group = criterion.benchmark_group("probes_sched");
         group.sample_size(if quick { 10 } else { 30 });

@@ -60,7 +60,7 @@ use crate::model::{
     ScanGap, StormReport,
 };
 use crate::pidns::{PidNamespace, TidMap};
-use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
+use crate::probes::{LoadedProbes, OffCpuFilter, ProbeEvent, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
 
@@ -263,7 +263,7 @@ struct State {
     /// on.
     own_work: VecDeque<OwnWork>,
     probes_active: bool,
-    probes: Option<Probes>,
+    probes: Option<LoadedProbes>,
     probes_note: String,
     probe_events: Vec<ProbeEvent>,
     probe_events_total: u64,
@@ -344,7 +344,7 @@ impl Agent {
     pub fn spawn(mut self) -> std::io::Result<AgentHandle> {
         match self.state.config.probes {
             ProbeMode::Off => self.state.probes_note = "off".into(),
-            mode => match Probes::load() {
+            mode => match LoadedProbes::load() {
                 Ok(mut probes) => {
                     // Only intervals that can explain a storm reach user
                     // space; the kernel counts the rest.
@@ -1271,8 +1271,8 @@ impl State {
                 scan_gap_buckets: Buckets::from_histogram(&self.scan_gaps, |v| v),
                 probes: self.probes_note.clone(),
                 probe_events: self.probe_events_total,
-                probe_losses: self.probes.as_ref().map_or(0, Probes::losses),
-                probe_filtered: self.probes.as_ref().map_or(0, Probes::off_cpu_filtered),
+                probe_losses: self.probes.as_ref().map_or(0, LoadedProbes::losses),
+                probe_filtered: self.probes.as_ref().map_or(0, LoadedProbes::off_cpu_filtered),
             },
             processes: self
                 .tracked
@@ -1356,6 +1356,21 @@ impl Tracked {
                         "application drains itself (SUBETHA_SIDECAR=always)".into(),
                         Instant::now() + Duration::from_secs(10),
                     );
+                    return;
+                }
+                // Another agent hands its leases back only when it exits:
+                // wait for that, and say so once, instead of asking.
+                let holder_pid = word_pid(holder);
+                if holder != 0
+                    && holder_pid != self.pid
+                    && subetha_core::lease::word_is_foreign(holder) == self.ns.foreign
+                    && discovery::is_other_agent(holder_pid)
+                {
+                    let waiting = discovery::drained_by_another_agent(holder_pid, self.pid);
+                    if note != waiting {
+                        tracing::info!(pid = self.pid, agent = holder_pid, "{waiting}");
+                    }
+                    self.lease = Lease::Waiting(waiting, Instant::now() + Duration::from_secs(1));
                     return;
                 }
                 match TakeoverRequest::raise_in(&view, self.lease_scope()) {

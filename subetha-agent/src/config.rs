@@ -24,7 +24,6 @@
 use std::collections::BTreeMap;
 use std::convert::identity;
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,6 +33,7 @@ use clap::parser::ValueSource;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::agent::{AgentConfig, ProbeMode};
+use crate::client::AgentAddr;
 use crate::container::LabelFrom;
 use crate::logging::LogFormat;
 
@@ -43,7 +43,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/subetha/agent.toml";
 /// `--probes auto|on|off` / `probes = "auto"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Probes {
+pub enum ProbesSetting {
     /// Load them when privileges and kernel allow; else one warning.
     #[default]
     Auto,
@@ -53,12 +53,12 @@ pub enum Probes {
     Off,
 }
 
-impl From<Probes> for ProbeMode {
-    fn from(probes: Probes) -> Self {
+impl From<ProbesSetting> for ProbeMode {
+    fn from(probes: ProbesSetting) -> Self {
         match probes {
-            Probes::Auto => ProbeMode::Auto,
-            Probes::On => ProbeMode::On,
-            Probes::Off => ProbeMode::Off,
+            ProbesSetting::Auto => ProbeMode::Auto,
+            ProbesSetting::On => ProbeMode::On,
+            ProbesSetting::Off => ProbeMode::Off,
         }
     }
 }
@@ -97,8 +97,8 @@ pub struct ScanArgs {
     pub scanner_cpu: Option<usize>,
     /// eBPF probes: auto (load when privileges and kernel allow), on (fail
     /// without them), off.
-    #[arg(long, value_enum, default_value_t = Probes::Auto)]
-    pub probes: Probes,
+    #[arg(long, value_enum, default_value_t = ProbesSetting::Auto)]
+    pub probes: ProbesSetting,
 }
 
 impl ScanArgs {
@@ -134,10 +134,16 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub scan: ScanArgs,
-    /// Address for /metrics and the JSON API. Loopback by default; binding
-    /// another interface must be asked for explicitly.
+    /// Address for /metrics and the JSON API: HOST:PORT, or unix:PATH for
+    /// a unix socket of mode 0600. Loopback by default; binding another
+    /// interface must be asked for explicitly.
     #[arg(long, default_value = "127.0.0.1:9464")]
-    pub listen: SocketAddr,
+    pub listen: AgentAddr,
+    /// Require `Authorization: Bearer <token>` on every HTTP request but
+    /// /healthz, the token being the one line in PATH (read once at start,
+    /// so it never shows in `ps`).
+    #[arg(long, value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
     /// Write storms and periodic snapshots as JSON lines to PATH (or - for
     /// stdout).
     #[arg(long, value_name = "PATH|-")]
@@ -214,7 +220,9 @@ impl Serialize for HumanDuration {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// `--listen`.
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<AgentAddr>,
+    /// `--auth-token-file`.
+    pub auth_token_file: Option<PathBuf>,
     /// `--pid`, as a list.
     pub pids: Option<Vec<u32>>,
     /// `--discovery-interval`.
@@ -228,7 +236,7 @@ pub struct FileConfig {
     /// `--scanner-cpu`.
     pub scanner_cpu: Option<usize>,
     /// `--probes`.
-    pub probes: Option<Probes>,
+    pub probes: Option<ProbesSetting>,
     /// `--adaptive-policy`.
     pub adaptive_policy: Option<Switch>,
     /// `--socket`.
@@ -297,7 +305,9 @@ pub enum Origin {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSettings {
     /// HTTP address.
-    pub listen: SocketAddr,
+    pub listen: AgentAddr,
+    /// The file holding the bearer token HTTP requests must carry.
+    pub auth_token_file: Option<PathBuf>,
     /// Only these pids (empty: every process).
     pub pids: Vec<u32>,
     /// Pause between `/proc` scans.
@@ -311,7 +321,7 @@ pub struct RunSettings {
     /// CPU for the scan thread.
     pub scanner_cpu: Option<usize>,
     /// eBPF probes.
-    pub probes: Probes,
+    pub probes: ProbesSetting,
     /// The adaptive-mutex policy.
     pub adaptive_policy: Switch,
     /// Ring counters per thread on /metrics.
@@ -392,7 +402,8 @@ impl RunSettings {
         let duration = |value: HumanDuration| value.0;
         let scan = &args.scan;
         let mut settings = Self {
-            listen: pick!(listen, args.listen, identity),
+            listen: pick!(listen, args.listen.clone(), identity),
+            auth_token_file: pick!(auth_token_file, args.auth_token_file.clone(), Some),
             pids: pick!(pids, scan.pids.clone(), identity),
             discovery_interval: pick!(discovery_interval, scan.discovery_interval, duration),
             max_scan_interval: pick!(max_scan_interval, scan.max_scan_interval, duration),
@@ -486,6 +497,32 @@ impl RunSettings {
         Ok(())
     }
 
+    /// The start-up warning `run` logs about who can read its HTTP
+    /// answers, when there is something to warn about: a non-loopback TCP
+    /// address (without a token: anyone who reaches it reads everything;
+    /// with one: the token crosses the network in clear text).
+    pub fn listen_warning(&self) -> Option<String> {
+        let AgentAddr::Tcp(addr) = &self.listen else {
+            return None;
+        };
+        if addr.ip().is_loopback() {
+            return None;
+        }
+        Some(match self.auth_token_file {
+            None => format!(
+                "listening on {addr}, beyond loopback, without authentication: anyone who can \
+                 reach this address reads the pids, uids, thread names and commands of every \
+                 drained process; keep it on 127.0.0.1 (or a unix: socket) unless a scraper on \
+                 another host needs it, and then set --auth-token-file and firewall the port"
+            ),
+            Some(_) => format!(
+                "listening on {addr}, beyond loopback: requests need the bearer token, which \
+                 crosses the network unencrypted (plain HTTP); firewall the port or put a TLS \
+                 proxy in front"
+            ),
+        })
+    }
+
     /// What `/metrics` serves beyond the default.
     pub fn metrics_options(&self) -> crate::metrics::MetricsOptions {
         crate::metrics::MetricsOptions {
@@ -519,7 +556,8 @@ impl RunSettings {
     /// optional keys are shown commented out.
     pub fn to_toml(&self) -> String {
         let file = FileConfig {
-            listen: Some(self.listen),
+            listen: Some(self.listen.clone()),
+            auth_token_file: self.auth_token_file.clone(),
             pids: Some(self.pids.clone()),
             discovery_interval: Some(HumanDuration(self.discovery_interval)),
             max_scan_interval: Some(HumanDuration(self.max_scan_interval)),
@@ -562,6 +600,7 @@ impl FileConfig {
     /// Every key, in the order they are documented.
     pub const KEYS: &'static [&'static str] = &[
         "listen",
+        "auth_token_file",
         "pids",
         "discovery_interval",
         "max_scan_interval",
@@ -647,7 +686,7 @@ mod tests {
         );
         assert_eq!(settings.min_scan_interval, Duration::from_micros(100));
         assert_eq!(settings.retention, Duration::from_secs(600));
-        assert_eq!(settings.probes, Probes::Auto);
+        assert_eq!(settings.probes, ProbesSetting::Auto);
         assert_eq!(settings.adaptive_policy, Switch::On);
         assert!(settings.agent_config().adaptive_policy);
         assert!(settings.origins.values().all(|o| *o == Origin::Default));
@@ -659,9 +698,32 @@ mod tests {
     }
 
     #[test]
+    fn only_listening_beyond_loopback_is_warned_about() {
+        let quiet = resolve(&[], None).unwrap();
+        assert_eq!(quiet.listen_warning(), None);
+        let unix = resolve(&["--listen", "unix:/run/subetha/http.sock"], None).unwrap();
+        assert_eq!(unix.listen_warning(), None);
+        let ipv6_loopback = resolve(&["--listen", "[::1]:9464"], None).unwrap();
+        assert_eq!(ipv6_loopback.listen_warning(), None);
+        let open = resolve(&["--listen", "0.0.0.0:9464"], None).unwrap();
+        let warning = open.listen_warning().expect("a warning");
+        assert!(
+            warning.contains("without authentication") && warning.contains("--auth-token-file"),
+            "{warning}"
+        );
+        let tokened = resolve(&["--listen", "0.0.0.0:9464", "--auth-token-file", "/t"], None).unwrap();
+        let warning = tokened.listen_warning().expect("a warning");
+        assert!(
+            warning.contains("unencrypted") && !warning.contains("without authentication"),
+            "{warning}"
+        );
+    }
+
+    #[test]
     fn every_key_is_read_from_the_file() {
         let text = r#"
-            listen = "127.0.0.1:1234"
+            listen = "unix:/run/subetha/http.sock"
+            auth_token_file = "/etc/subetha/token"
             pids = [7, 8]
             discovery_interval = "2s"
             max_scan_interval = "5ms"
@@ -681,14 +743,18 @@ mod tests {
             label_from = "none"
         "#;
         let settings = resolve(&[], Some(text)).unwrap();
-        assert_eq!(settings.listen, "127.0.0.1:1234".parse().unwrap());
+        assert_eq!(settings.listen, AgentAddr::Unix("/run/subetha/http.sock".into()));
+        assert_eq!(
+            settings.auth_token_file,
+            Some(PathBuf::from("/etc/subetha/token"))
+        );
         assert_eq!(settings.pids, vec![7, 8]);
         assert_eq!(settings.discovery_interval, Duration::from_secs(2));
         assert_eq!(settings.max_scan_interval, Duration::from_millis(5));
         assert_eq!(settings.min_scan_interval, Duration::from_millis(1));
         assert_eq!(settings.retention, Duration::from_secs(60));
         assert_eq!(settings.scanner_cpu, Some(1));
-        assert_eq!(settings.probes, Probes::Off);
+        assert_eq!(settings.probes, ProbesSetting::Off);
         assert_eq!(settings.adaptive_policy, Switch::Off);
         assert!(!settings.agent_config().adaptive_policy);
         assert_eq!(settings.socket, Some(PathBuf::from("/tmp/s.sock")));

@@ -52,8 +52,11 @@ impl Candidate {
 }
 
 /// Lists candidate segments in `/proc`, limited to `pids` when given. Our
-/// own process is skipped. Processes we may not inspect are skipped
-/// silently (an unprivileged agent sees only its user's processes).
+/// own process and other agents ([`is_other_agent`]) are skipped: a
+/// segment descriptor in another agent is an application's segment that
+/// agent drains, found again through the application itself. Processes we
+/// may not inspect are skipped silently (an unprivileged agent sees only
+/// its user's processes).
 pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
     let own = std::process::id();
     let mut found = Vec::new();
@@ -75,6 +78,7 @@ pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
+        let mut other_agent = None;
         for entry in fds.flatten() {
             let Ok(target) = std::fs::read_link(entry.path()) else {
                 continue;
@@ -89,6 +93,11 @@ pub fn scan_proc(pids: Option<&[u32]>) -> Vec<Candidate> {
             let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
                 continue;
             };
+            // Asked only of processes holding a segment: one more read per
+            // such process, none for the rest of the host.
+            if *other_agent.get_or_insert_with(|| is_other_agent(pid)) {
+                break;
+            }
             let inode = std::fs::metadata(entry.path()).map(|m| m.ino()).unwrap_or(0);
             found.push(Candidate { pid, fd, inode });
         }
@@ -361,6 +370,23 @@ pub fn process_uid(pid: u32) -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The command name `subetha-agent run` (and `top --attach`) runs under.
+pub const AGENT_COMM: &str = "subetha-agent";
+
+/// Whether `pid` is another subetha agent (by its command name), not us.
+pub fn is_other_agent(pid: u32) -> bool {
+    pid != 0 && pid != std::process::id() && process_comm(pid) == AGENT_COMM
+}
+
+/// The note of a process drained by another agent (`agent_pid`), which an
+/// agent waits out rather than asking for the lease: an agent hands a
+/// lease back to the application's sidecar only when it exits.
+pub fn drained_by_another_agent(agent_pid: u32, pid: u32) -> String {
+    format!(
+        "another agent (pid {agent_pid}) is draining pid {pid}; this agent waits and takes over when that agent exits"
+    )
 }
 
 /// `/proc/<pid>/comm`, sanitised; empty if unreadable.

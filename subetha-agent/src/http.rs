@@ -16,8 +16,14 @@
 //! Unknown paths answer 404 and bad queries 400, with a JSON
 //! `{"error": …}` body.
 //!
-//! The caller binds the listener (loopback by default: which interface to
-//! expose is the CLI's decision, never this module's).
+//! With a bearer token ([`ServeOptions::auth`]) every request but
+//! `/healthz` must carry `Authorization: Bearer <token>`; without it the
+//! answer is 401 with a plain-text body. `/healthz` stays open so that a
+//! liveness check needs no secret (it tells only the scan count).
+//!
+//! The caller chooses the address (loopback by default: which interface to
+//! expose is the CLI's decision, never this module's); [`bind`] binds TCP
+//! or a unix socket of mode 0600.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,13 +33,16 @@ use anyhow::Context as _;
 use axum::Json;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::BearerToken;
+use crate::client::AgentAddr;
 use crate::metrics::{self, Format, MetricsOptions};
 use crate::model::{AgentSnapshot, InstanceReport, ProcessReport, StormDetail, StormReport};
 
@@ -81,14 +90,14 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The router serving every endpoint from `source`.
 pub fn router(source: SnapshotSource) -> Router {
-    router_with_state(AppState(
-        Arc::new(RwLock::new(Some(source))),
-        MetricsOptions::default(),
-    ))
+    router_with_state(
+        AppState(Arc::new(RwLock::new(Some(source))), MetricsOptions::default()),
+        None,
+    )
 }
 
-fn router_with_state(state: AppState) -> Router {
-    Router::new()
+fn router_with_state(state: AppState, auth: Option<BearerToken>) -> Router {
+    let router = Router::new()
         .route("/", get(index))
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
@@ -101,51 +110,191 @@ fn router_with_state(state: AppState) -> Router {
         .route("/debug/pprof/block", get(pprof_block))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+        .with_state(state);
+    match auth {
+        None => router,
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(
+            Arc::new(token),
+            require_token,
+        )),
+    }
+}
+
+/// The path a liveness check may ask without the token.
+const OPEN_PATH: &str = "/healthz";
+
+/// The plain-text body of a 401.
+pub const UNAUTHORIZED_BODY: &str =
+    "unauthorized: this agent wants `Authorization: Bearer <token>`, the token in its --auth-token-file\n";
+
+/// Lets a request through when it carries `token` (or asks for [`OPEN_PATH`]).
+async fn require_token(State(token): State<Arc<BearerToken>>, request: Request, next: Next) -> Response {
+    let authorised = request.uri().path() == OPEN_PATH
+        || request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| token.accepts(value));
+    if authorised {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [
+            (
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"subetha\""),
+            ),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            ),
+        ],
+        UNAUTHORIZED_BODY,
+    )
+        .into_response()
+}
+
+/// What [`serve_with`] does beyond serving the endpoints.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// How `/metrics` renders.
+    pub metrics: MetricsOptions,
+    /// The bearer token every request but `/healthz` must carry.
+    pub auth: Option<BearerToken>,
+}
+
+/// A bound listener: TCP, or a unix socket (removed when [`serve`]
+/// returns, if it is still the one bound).
+#[derive(Debug)]
+pub enum Listener {
+    /// A TCP listener.
+    Tcp(tokio::net::TcpListener),
+    /// A unix socket listener and its path.
+    Unix(tokio::net::UnixListener, UnixSocketFile),
+}
+
+impl From<tokio::net::TcpListener> for Listener {
+    fn from(listener: tokio::net::TcpListener) -> Self {
+        Self::Tcp(listener)
+    }
+}
+
+/// The file of a bound unix socket: its path and inode, so that only this
+/// socket is removed, never one another agent bound since.
+#[derive(Debug)]
+pub struct UnixSocketFile {
+    path: std::path::PathBuf,
+    inode: (u64, u64),
+}
+
+impl UnixSocketFile {
+    fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Binds `addr`. A unix socket gets mode 0600 before it is reachable (it is
+/// bound under a temporary name, chmodded, then renamed into place); a
+/// socket file left by an agent that is gone is replaced, one that answers
+/// is refused.
+pub async fn bind(addr: &AgentAddr) -> anyhow::Result<Listener> {
+    match addr {
+        AgentAddr::Tcp(addr) => Ok(Listener::Tcp(tokio::net::TcpListener::bind(addr).await?)),
+        AgentAddr::Unix(path) => bind_unix(path),
+    }
+}
+
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<Listener> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            anyhow::bail!("{} exists and is not a socket", path.display());
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("{} is in use: something answers on it", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let name = path.file_name().context("a unix socket path needs a file name")?;
+    let mut temporary = name.to_os_string();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    let temporary = path.with_file_name(temporary);
+    let _ = std::fs::remove_file(&temporary);
+    let listener = tokio::net::UnixListener::bind(&temporary)?;
+    let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(error) = placed {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(error.into());
+    }
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok(Listener::Unix(
+        listener,
+        UnixSocketFile {
+            path: path.to_path_buf(),
+            inode: (meta.dev(), meta.ino()),
+        },
+    ))
 }
 
 /// Serves [`router`] on `listener` until `shutdown` completes, then lets
 /// in-flight requests finish (at most [`SHUTDOWN_GRACE`]) and returns. When
 /// it returns, the server holds no clone of `source` any more.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: impl Into<Listener>,
     source: SnapshotSource,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_with(listener, source, MetricsOptions::default(), shutdown).await
+    serve_with(listener, source, ServeOptions::default(), shutdown).await
 }
 
-/// [`serve`], `/metrics` rendered with `options`.
+/// [`serve`] with `options`.
 pub async fn serve_with(
-    listener: tokio::net::TcpListener,
+    listener: impl Into<Listener>,
     source: SnapshotSource,
-    options: MetricsOptions,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_with_grace(listener, source, options, shutdown, SHUTDOWN_GRACE).await
+    serve_with_grace(listener.into(), source, options, shutdown, SHUTDOWN_GRACE).await
 }
 
 async fn serve_with_grace(
-    listener: tokio::net::TcpListener,
+    listener: Listener,
     source: SnapshotSource,
-    options: MetricsOptions,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let state = AppState(Arc::new(RwLock::new(Some(source))), options);
-    let app = router_with_state(state.clone());
+    let state = AppState(Arc::new(RwLock::new(Some(source))), options.metrics);
+    let app = router_with_state(state.clone(), options.auth);
     let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
     let signal = async move {
         shutdown.await;
         let _ = stopping_tx.send(true);
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
     let deadline = async move {
         if stopping_rx.wait_for(|stopping| *stopping).await.is_err() {
             // The server ended before shutdown was signalled.
             std::future::pending::<()>().await;
         }
         tokio::time::sleep(grace).await;
+    };
+    let (server, socket_file) = match listener {
+        Listener::Tcp(listener) => (
+            Box::pin(async move { axum::serve(listener, app).with_graceful_shutdown(signal).await })
+                as std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>,
+            None,
+        ),
+        Listener::Unix(listener, file) => (
+            Box::pin(async move { axum::serve(listener, app).with_graceful_shutdown(signal).await })
+                as std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>,
+            Some(file),
+        ),
     };
     let result = tokio::select! {
         result = server => result.context("HTTP server failed"),
@@ -155,6 +304,9 @@ async fn serve_with_grace(
         }
     };
     state.0.write().take();
+    if let Some(file) = socket_file {
+        file.remove();
+    }
     result
 }
 
@@ -598,6 +750,128 @@ mod tests {
         assert_eq!(Arc::strong_count(&snapshot), 1);
     }
 
+    fn token() -> BearerToken {
+        BearerToken::parse("s3cret-token-0123456789", std::path::Path::new("/t")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_token_is_required_everywhere_but_healthz() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let source: SnapshotSource = Arc::new(|| Arc::new(sample()));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let options = ServeOptions {
+            auth: Some(token()),
+            ..ServeOptions::default()
+        };
+        let server = tokio::spawn(serve_with(listener, source, options, async move {
+            let _ = stop_rx.await;
+        }));
+        for path in [
+            "/metrics",
+            "/api/v1/snapshot",
+            "/api/v1/storms/1",
+            "/debug/pprof/mutex",
+            "/nope",
+        ] {
+            let denied = request(addr, "GET", path, "").await;
+            assert_eq!(denied.status, 401, "{path}: {}", denied.body);
+            assert_eq!(denied.body, UNAUTHORIZED_BODY, "{path}");
+            assert!(denied.header("content-type").unwrap().starts_with("text/plain"));
+            assert!(denied.header("www-authenticate").unwrap().starts_with("Bearer"));
+            let wrong = request(
+                addr,
+                "GET",
+                path,
+                "Authorization: Bearer s3cret-token-0123456780\r\n",
+            )
+            .await;
+            assert_eq!(wrong.status, 401, "{path}");
+            let basic = request(
+                addr,
+                "GET",
+                path,
+                "Authorization: Basic s3cret-token-0123456789\r\n",
+            )
+            .await;
+            assert_eq!(basic.status, 401, "{path}");
+        }
+        let allowed = request(
+            addr,
+            "GET",
+            "/metrics",
+            "Authorization: Bearer s3cret-token-0123456789\r\n",
+        )
+        .await;
+        assert_eq!(allowed.status, 200, "{}", allowed.body);
+        assert!(allowed.body.contains("subetha_agent_scans_total"));
+        let missing = request(
+            addr,
+            "GET",
+            "/nope",
+            "Authorization: Bearer s3cret-token-0123456789\r\n",
+        )
+        .await;
+        assert_eq!(missing.status, 404);
+        let health = request(addr, "GET", "/healthz", "").await;
+        assert_eq!(health.status, 200, "/healthz stays open");
+        // The client sends the token.
+        let body = tokio::task::spawn_blocking(move || {
+            let without = crate::client::get(addr, "/api/v1/snapshot").unwrap_err();
+            assert!(format!("{without:#}").contains("401"), "{without:#}");
+            crate::client::AgentClient::new(addr, Some(token()))
+                .get("/api/v1/snapshot")
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(serde_json::from_str::<AgentSnapshot>(&body).unwrap(), sample());
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_unix_socket_is_private_and_removed_at_shutdown() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("subetha-http-unix-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("http.sock");
+        // A stale socket file (nobody answers) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let addr = AgentAddr::Unix(path.clone());
+        let listener = bind(&addr).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary name left"
+        );
+        let busy = bind(&addr).await.unwrap_err();
+        assert!(busy.to_string().contains("in use"), "{busy:#}");
+        let source: SnapshotSource = Arc::new(|| Arc::new(sample()));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, source, async move {
+            let _ = stop_rx.await;
+        }));
+        let client_addr = addr.clone();
+        let body = tokio::task::spawn_blocking(move || {
+            crate::client::AgentClient::new(client_addr, None).get("/healthz")
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(body, "ok scans=1234\n");
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        assert!(!path.exists(), "the socket is removed at shutdown");
+        std::fs::write(&path, "").unwrap();
+        let not_socket = bind(&addr).await.unwrap_err();
+        assert!(not_socket.to_string().contains("not a socket"), "{not_socket:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn healthz_reports_a_stuck_scanner() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -628,9 +902,9 @@ mod tests {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let grace = Duration::from_millis(200);
         let server = tokio::spawn(serve_with_grace(
-            listener,
+            listener.into(),
             source,
-            MetricsOptions::default(),
+            ServeOptions::default(),
             async move {
                 let _ = stop_rx.await;
             },

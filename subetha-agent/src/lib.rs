@@ -12,13 +12,16 @@
 //! * [`cause`] — why a storm happened, from kernel or /proc evidence.
 //! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
-//! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
+//! * [`doctor`] — what the host allows; [`client`] — talking to a running agent;
+//!   [`auth`] — the bearer token of `--auth-token-file`.
 //! * [`top`] — the live terminal view; [`report`] — storm pictures and HTML.
-//! * [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
+//! * [`series`] — the catalogue of exported series both exporters render;
+//!   [`metrics`], [`otlp`], [`export`], [`http`] — the ways out.
 //! * [`config`] — `run`'s flags and config file; [`logging`] — log output
 //!   and rate-limited warnings.
 
 pub mod agent;
+pub mod auth;
 pub mod cause;
 pub mod client;
 pub mod config;
@@ -37,6 +40,7 @@ pub mod probes;
 pub mod profile;
 pub mod registration;
 pub mod report;
+pub mod series;
 pub mod sites;
 pub mod top;
 

@@ -129,9 +129,8 @@ struct SnapshotArgs {
 
 #[derive(clap::Args)]
 struct StatusArgs {
-    /// Address of the running agent.
-    #[arg(long, default_value = "127.0.0.1:9464")]
-    addr: std::net::SocketAddr,
+    #[command(flatten)]
+    agent: client::AgentArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -390,18 +389,28 @@ fn run(settings: RunSettings) -> Result<()> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
     })?;
-    // Bind before starting the scan thread so a busy port fails fast.
+    // Read the token and bind before starting the scan thread so a bad
+    // token file or a busy port fails fast.
+    let auth = match &settings.auth_token_file {
+        None => None,
+        Some(path) => {
+            use subetha_agent::auth::BearerToken;
+            if let Some(warning) = BearerToken::permission_warning(path) {
+                tracing::warn!("{warning}");
+            }
+            Some(BearerToken::read(path)?)
+        }
+    };
     let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(settings.listen))
+        .block_on(http::bind(&settings.listen))
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    tracing::info!(addr = %settings.listen, "serving /metrics and /api/v1");
-    if !settings.listen.ip().is_loopback() {
-        tracing::warn!(
-            addr = %settings.listen,
-            "listening beyond loopback, without authentication: anyone who can reach this address \
-             reads the pids, uids, thread names and commands of every drained process; \
-             keep it on 127.0.0.1 unless a scraper on another host needs it, and then firewall it"
-        );
+    tracing::info!(
+        addr = %settings.listen,
+        auth = if auth.is_some() { "bearer token" } else { "none" },
+        "serving /metrics and /api/v1"
+    );
+    if let Some(warning) = settings.listen_warning() {
+        tracing::warn!("{warning}");
     }
     let agent = Agent::new(config).spawn().context("starting the scan thread")?;
     let agent = Arc::new(agent);
@@ -421,7 +430,10 @@ fn run(settings: RunSettings) -> Result<()> {
         let server = tokio::spawn(http::serve_with(
             listener,
             Arc::clone(&source),
-            settings.metrics_options(),
+            http::ServeOptions {
+                metrics: settings.metrics_options(),
+                auth,
+            },
             {
                 let mut stop_rx = stop_rx.clone();
                 async move {
@@ -493,10 +505,11 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
 }
 
 fn status(args: StatusArgs, storms_only: bool) -> Result<()> {
-    let body = client::get(args.addr, "/api/v1/snapshot").with_context(|| {
+    let agent = args.agent.client()?;
+    let body = agent.get("/api/v1/snapshot").with_context(|| {
         format!(
             "no agent answering on {} (is `subetha-agent run` running?)",
-            args.addr
+            agent.addr()
         )
     })?;
     let snapshot: AgentSnapshot = serde_json::from_str(&body).context("agent sent an unreadable snapshot")?;

@@ -38,8 +38,8 @@
 //! leaves the snapshot). `tests/tests/agent_cardinality.rs` holds the count
 //! under thread churn to the bound the README states.
 //!
-//! [`crate::otlp`] exports the same facts (through `views` and the
-//! `ProcessView` label helpers) over OTLP.
+//! The families, their names, help and labels are the catalogue's
+//! ([`crate::series`]), which [`crate::otlp`] renders too.
 //!
 //! # Histograms
 //!
@@ -62,7 +62,6 @@
 //! would rename ours to `exported_instance`. The id keeps two instances of a
 //! process that share a name apart.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -76,21 +75,14 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::model::{
-    AgentSnapshot, BUCKET_BOUNDS_NS, Buckets, InstanceReport, OpReport, ProcessReport, RingReport,
-};
+use crate::model::{AgentSnapshot, BUCKET_BOUNDS_NS, Buckets};
+use crate::series::{self, Kind, Labels, ProcessView, Series, Value, process_states, seconds, views};
 
 /// `Content-Type` of the OpenMetrics text format.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// `Content-Type` of the classic Prometheus text format.
 pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-
-/// Process states always reported by `subetha_processes`, even at zero.
-const PROCESS_STATES: [&str; 3] = ["attached", "waiting", "exited"];
-
-/// Ring states always reported by `subetha_rings`, even at zero.
-const RING_STATES: [&str; 4] = ["active", "orphaned", "claimed", "free"];
 
 /// An exposition format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,13 +169,6 @@ pub fn render_with(
     Ok(out)
 }
 
-/// A label value: borrowed text or a number.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Value<'a> {
-    Str(&'a str),
-    Num(u64),
-}
-
 impl EncodeLabelValue for Value<'_> {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
         match self {
@@ -193,231 +178,69 @@ impl EncodeLabelValue for Value<'_> {
     }
 }
 
-/// Label names and values of one series, in order.
-pub(crate) type Labels<'a> = Vec<(&'static str, Value<'a>)>;
-
-/// One process with its rings, instances and op kinds, duplicates removed so
-/// no two series of a family share a label set. Shared with
-/// [`crate::otlp`], so both exports have the same series.
-pub(crate) struct ProcessView<'a> {
-    pub(crate) process: &'a ProcessReport,
-    pub(crate) rings: Vec<&'a RingReport>,
-    pub(crate) instances: Vec<(&'a InstanceReport, Vec<&'a OpReport>)>,
-}
-
-impl<'a> ProcessView<'a> {
-    pub(crate) fn labels(&self) -> Labels<'a> {
-        vec![
-            ("pid", Value::Num(self.process.pid.into())),
-            ("comm", Value::Str(&self.process.comm)),
-        ]
-    }
-
-    pub(crate) fn ring_labels(&self, ring: &'a RingReport) -> Labels<'a> {
-        let mut labels = self.labels();
-        labels.extend([
-            ("slot", Value::Num(ring.slot.into())),
-            ("tid", Value::Num(ring.tid.into())),
-            ("thread", Value::Str(&ring.thread_name)),
-        ]);
-        labels
-    }
-
-    pub(crate) fn instance_labels(&self, instance: &'a InstanceReport) -> Labels<'a> {
-        let mut labels = self.labels();
-        labels.extend([
-            ("instance_id", Value::Num(instance.id.into())),
-            ("instance_name", Value::Str(&instance.name)),
-            ("kind", Value::Str(&instance.kind)),
-        ]);
-        labels
-    }
-
-    pub(crate) fn op_labels(&self, instance: &'a InstanceReport, op: &'a OpReport) -> Labels<'a> {
-        let mut labels = self.instance_labels(instance);
-        labels.push(("op", Value::Str(&op.name)));
-        labels
-    }
-
-    /// `(labels with state, ring slots in that state)` for every state of
-    /// [`RING_STATES`], zeros included.
-    pub(crate) fn ring_states(&self) -> impl Iterator<Item = (Labels<'a>, u64)> + '_ {
-        RING_STATES.iter().map(move |state| {
-            let mut labels = self.labels();
-            labels.push(("state", Value::Str(state)));
-            let count = self.rings.iter().filter(|r| r.state == *state).count() as u64;
-            (labels, count)
-        })
-    }
-
-    /// One ring counter: per ring slot (`per_thread`, ring labels) or the
-    /// process's total (its labels). `total` is the process-wide value
-    /// where the sum over rings would not be monotonic.
-    pub(crate) fn ring_counter(
-        &self,
-        options: MetricsOptions,
-        value: fn(&RingReport) -> u64,
-        total: Option<u64>,
-    ) -> Vec<(Labels<'a>, u64)> {
-        if options.per_thread {
-            self.rings
-                .iter()
-                .map(|r| (self.ring_labels(r), value(r)))
-                .collect()
-        } else {
-            let sum = total.unwrap_or_else(|| self.rings.iter().map(|r| value(r)).sum());
-            vec![(self.labels(), sum)]
-        }
-    }
-
-    /// Ring slots whose indices were impossible.
-    pub(crate) fn corrupt_rings(&self) -> u64 {
-        self.rings.iter().filter(|r| r.corrupt.is_some()).count() as u64
-    }
-
-    /// Storms of this process in `snapshot` that have not ended.
-    pub(crate) fn open_storms(&self, snapshot: &AgentSnapshot) -> u64 {
-        let pid = self.process.pid;
-        snapshot
-            .storms
-            .iter()
-            .filter(|s| s.pid == pid && s.end_mono_ns.is_none())
-            .count() as u64
-    }
-
-    /// `(labels with cause, storms)` for every settled cause.
-    pub(crate) fn storm_causes(&self) -> impl Iterator<Item = (Labels<'a>, u64)> + '_ {
-        self.process.storm_causes.iter().map(move |(cause, count)| {
-            let mut labels = self.labels();
-            labels.push(("cause", Value::Str(cause)));
-            (labels, *count)
-        })
-    }
-
-    /// `(labels, instance, op)` for every op kind of every instance.
-    pub(crate) fn ops(&self) -> impl Iterator<Item = (Labels<'a>, &'a InstanceReport, &'a OpReport)> + '_ {
-        self.instances.iter().flat_map(move |(instance, ops)| {
-            ops.iter()
-                .map(move |op| (self.op_labels(instance, op), *instance, *op))
-        })
+/// The Prometheus unit of a catalogue unit.
+fn unit(series: &Series) -> Option<&'static Unit> {
+    match series.unit {
+        series::Unit::Count => None,
+        series::Unit::Seconds => Some(&Unit::Seconds),
+        series::Unit::Bytes => Some(&Unit::Bytes),
     }
 }
 
-/// Processes by state, the states of [`PROCESS_STATES`] always present.
-pub(crate) fn process_states<'a>(views: &[ProcessView<'a>]) -> Vec<(&'a str, u64)> {
-    let mut states: Vec<(&str, u64)> = PROCESS_STATES.iter().map(|s| (*s, 0)).collect();
-    for view in views {
-        match states.iter_mut().find(|(s, _)| *s == view.process.state) {
-            Some((_, n)) => *n += 1,
-            None => states.push((&view.process.state, 1)),
-        }
-    }
-    states
-}
-
-/// The processes of `snapshot`, a pid reported twice (reused while the
-/// exited one is retained) keeping its live entry, an instance id reported
-/// twice keeping its live entry, an op name reported twice its first entry.
-pub(crate) fn views(snapshot: &AgentSnapshot) -> Vec<ProcessView<'_>> {
-    let live: HashSet<u32> = snapshot
-        .processes
-        .iter()
-        .filter(|p| p.state != "exited")
-        .map(|p| p.pid)
-        .collect();
-    let mut seen = HashSet::new();
-    let mut views = Vec::with_capacity(snapshot.processes.len());
-    for process in &snapshot.processes {
-        if (process.state == "exited" && live.contains(&process.pid)) || !seen.insert(process.pid) {
-            continue;
-        }
-        let mut slots = HashSet::new();
-        let rings = process.rings.iter().filter(|r| slots.insert(r.slot)).collect();
-        let live_ids: HashSet<u32> = process
-            .instances
-            .iter()
-            .filter(|i| !i.retired)
-            .map(|i| i.id)
-            .collect();
-        let mut ids = HashSet::new();
-        let instances = process
-            .instances
-            .iter()
-            .filter(|i| !(i.retired && live_ids.contains(&i.id)) && ids.insert(i.id))
-            .map(|instance| {
-                let mut names = HashSet::new();
-                let ops = instance
-                    .per_op
-                    .iter()
-                    .filter(|op| names.insert(op.name.as_str()))
-                    .collect();
-                (instance, ops)
-            })
-            .collect();
-        views.push(ProcessView {
-            process,
-            rings,
-            instances,
-        });
-    }
-    views
-}
-
-/// Nanoseconds as seconds.
-pub(crate) fn seconds(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
-/// Writes a counter family (`name` without `_total`); nothing when empty.
+/// Writes a counter family; nothing when empty.
 fn counter<'a, V: EncodeCounterValue>(
     encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
+    family: &Series,
+    options: MetricsOptions,
     series: impl IntoIterator<Item = (Labels<'a>, V)>,
 ) -> fmt::Result {
+    debug_assert_eq!(family.kind, Kind::Counter, "{}", family.name);
     let mut series = series.into_iter().peekable();
     if series.peek().is_none() {
         return Ok(());
     }
-    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    let help = family.help_for(options.per_thread);
+    let mut metric = encoder.encode_descriptor(family.name, &help, None, MetricType::Counter)?;
     for (labels, value) in series {
         ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
-/// Writes a gauge family (`name` without the unit suffix); nothing when
-/// empty.
+/// Writes a gauge family; nothing when empty.
 fn gauge<'a, V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    unit: Option<&Unit>,
+    family: &Series,
+    options: MetricsOptions,
     series: impl IntoIterator<Item = (Labels<'a>, V)>,
 ) -> fmt::Result {
+    debug_assert_eq!(family.kind, Kind::Gauge, "{}", family.name);
     let mut series = series.into_iter().peekable();
     if series.peek().is_none() {
         return Ok(());
     }
-    let mut metric = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    let help = family.help_for(options.per_thread);
+    let mut metric = encoder.encode_descriptor(family.name, &help, unit(family), MetricType::Gauge)?;
     for (labels, value) in series {
         ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
-/// Writes an info family (`name` without `_info`); nothing when empty.
+/// Writes an info family; nothing when empty.
 fn info<'a>(
     encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
+    family: &Series,
+    options: MetricsOptions,
     series: impl IntoIterator<Item = Labels<'a>>,
 ) -> fmt::Result {
+    debug_assert_eq!(family.kind, Kind::Info, "{}", family.name);
     let mut series = series.into_iter().peekable();
     if series.peek().is_none() {
         return Ok(());
     }
-    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Info)?;
+    let help = family.help_for(options.per_thread);
+    let mut metric = encoder.encode_descriptor(family.name, &help, None, MetricType::Info)?;
     for labels in series {
         metric.encode_info(&labels)?;
     }
@@ -446,19 +269,20 @@ impl EncodeMetric for ConstHistogram<'_> {
     }
 }
 
-/// Writes a histogram family in seconds (`name` without `_seconds`);
-/// nothing when empty.
+/// Writes a histogram family in seconds; nothing when empty.
 fn histogram<'a>(
     encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
+    family: &Series,
+    options: MetricsOptions,
     series: impl IntoIterator<Item = (Labels<'a>, &'a Buckets)>,
 ) -> fmt::Result {
+    debug_assert_eq!(family.kind, Kind::Histogram, "{}", family.name);
     let mut series = series.into_iter().peekable();
     if series.peek().is_none() {
         return Ok(());
     }
-    let mut metric = encoder.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+    let help = family.help_for(options.per_thread);
+    let mut metric = encoder.encode_descriptor(family.name, &help, unit(family), MetricType::Histogram)?;
     for (labels, buckets) in series {
         ConstHistogram(buckets).encode(metric.encode_family(&labels)?)?;
     }
@@ -479,77 +303,62 @@ impl Collector for SnapshotCollector {
 
         info(
             e,
-            "subetha_agent",
-            "The subetha agent serving these metrics.",
+            &series::AGENT,
+            options,
             [vec![("version", Value::Str(&agent.version))]],
         )?;
+        counter(e, &series::AGENT_SCANS, options, [(vec![], agent.scans)])?;
+        counter(e, &series::PROBE_EVENTS, options, [(vec![], agent.probe_events)])?;
         counter(
             e,
-            "subetha_agent_scans",
-            "Scans of all attached segments completed.",
-            [(vec![], agent.scans)],
-        )?;
-        counter(
-            e,
-            "subetha_probe_events",
-            "Events read from the eBPF probes.",
-            [(vec![], agent.probe_events)],
-        )?;
-        counter(
-            e,
-            "subetha_probe_lost_events",
-            "Events the eBPF probes could not deliver (ring buffer full).",
+            &series::PROBE_LOST_EVENTS,
+            options,
             [(vec![], agent.probe_losses)],
         )?;
         counter(
             e,
-            "subetha_probe_filtered_intervals",
-            "Off-CPU intervals the eBPF probes' in-kernel filter kept back as unremarkable.",
+            &series::PROBE_FILTERED,
+            options,
             [(vec![], agent.probe_filtered)],
         )?;
         gauge(
             e,
-            "subetha_agent_scan_interval",
-            "Current pause between scans (adapts to ring fill).",
-            Some(&Unit::Seconds),
+            &series::SCAN_INTERVAL,
+            options,
             [(vec![], agent.scan_interval_us as f64 / 1e6)],
         )?;
         gauge(
             e,
-            "subetha_scan_duration_max",
-            "Longest scan of all attached segments.",
-            Some(&Unit::Seconds),
+            &series::SCAN_DURATION_MAX,
+            options,
             [(vec![], seconds(agent.scan_duration_ns.max))],
         )?;
         gauge(
             e,
-            "subetha_scan_gap_max",
-            "Longest gap between the end of a scan and the start of the next.",
-            Some(&Unit::Seconds),
+            &series::SCAN_GAP_MAX,
+            options,
             [(vec![], seconds(agent.scan_gap_ns.max))],
         )?;
         gauge(
             e,
-            "subetha_segments_refused",
-            "Segments found but refused as invalid (bounded history).",
-            None,
+            &series::SEGMENTS_REFUSED,
+            options,
             [(vec![], snapshot.refused.len() as u64)],
         )?;
 
         let states = process_states(&views);
         gauge(
             e,
-            "subetha_processes",
-            "Instrumented processes by state (attached, waiting, exited and retained).",
-            None,
+            &series::PROCESSES,
+            options,
             states
                 .into_iter()
                 .map(|(state, n)| (vec![("state", Value::Str(state))], n)),
         )?;
         info(
             e,
-            "subetha_process",
-            "An instrumented process the agent knows, with its owner and state.",
+            &series::PROCESS_INFO,
+            options,
             views.iter().map(|v| {
                 let process = v.process;
                 let mut labels = v.labels();
@@ -571,116 +380,105 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             e,
-            "subetha_segment_size",
-            "Size of the process's shared-memory segment.",
-            Some(&Unit::Bytes),
+            &series::SEGMENT_SIZE,
+            options,
             views.iter().map(|v| (v.labels(), v.process.segment_bytes)),
         )?;
         gauge(
             e,
-            "subetha_segment_resident",
-            "Resident (touched) part of the process's shared-memory segment.",
-            Some(&Unit::Bytes),
+            &series::SEGMENT_RESIDENT,
+            options,
             views
                 .iter()
                 .map(|v| (v.labels(), v.process.segment_resident_bytes)),
         )?;
         counter(
             e,
-            "subetha_observations_lost_no_ring",
-            "Observations lost because their thread found no free ring slot.",
+            &series::LOST_NO_RING,
+            options,
             views.iter().map(|v| (v.labels(), v.process.lost_no_ring)),
         )?;
         counter(
             e,
-            "subetha_observations_unattributed",
-            "Drained observations whose instance id matched no registered instance.",
+            &series::UNATTRIBUTED,
+            options,
             views.iter().map(|v| (v.labels(), v.process.unattributed)),
         )?;
 
         gauge(
             e,
-            "subetha_rings",
-            "Ring slots of the process by state.",
-            None,
+            &series::RINGS,
+            options,
             views.iter().flat_map(ProcessView::ring_states),
         )?;
         gauge(
             e,
-            "subetha_rings_corrupt",
-            "Ring slots whose indices were impossible (corrupt or hostile segment).",
-            None,
+            &series::RINGS_CORRUPT,
+            options,
             views.iter().map(|v| (v.labels(), v.corrupt_rings())),
         )?;
-        let per = if options.per_thread {
-            "ring slot"
-        } else {
-            "process"
-        };
         counter(
             e,
-            "subetha_observations_drained",
-            &format!("Observations drained from the {per}'s rings, by any consumer."),
+            &series::DRAINED,
+            options,
             views
                 .iter()
-                .flat_map(|v| v.ring_counter(options, |r| r.drained, None)),
+                .flat_map(|v| v.ring_counter(options.per_thread, |r| r.drained, None)),
         )?;
         counter(
             e,
-            "subetha_observations_dropped",
-            &format!("Observations dropped because a ring of the {per} was full."),
+            &series::DROPPED,
+            options,
             views
                 .iter()
-                .flat_map(|v| v.ring_counter(options, |r| r.dropped, None)),
+                .flat_map(|v| v.ring_counter(options.per_thread, |r| r.dropped, None)),
         )?;
         counter(
             e,
-            "subetha_drop_episodes",
-            &format!("Drop episodes (runs of consecutive drops) seen on the {per}'s rings by this agent."),
+            &series::DROP_EPISODES,
+            options,
             views
                 .iter()
-                .flat_map(|v| v.ring_counter(options, |r| r.episodes, Some(v.process.episodes))),
+                .flat_map(|v| v.ring_counter(options.per_thread, |r| r.episodes, Some(v.process.episodes))),
         )?;
 
         let ops = || views.iter().flat_map(ProcessView::ops);
         counter(
             e,
-            "subetha_instance_ops",
-            "Operations on the instance, by op kind.",
+            &series::INSTANCE_OPS,
+            options,
             ops().map(|(l, _, op)| (l, op.ops)),
         )?;
         counter(
             e,
-            "subetha_instance_contended",
-            "Operations on the instance that had to wait, by op kind.",
+            &series::INSTANCE_CONTENDED,
+            options,
             ops().map(|(l, _, op)| (l, op.contended)),
         )?;
         counter(
             e,
-            "subetha_instance_misses",
-            "Operations on the instance that found nothing (empty or full, timed out), by op kind.",
+            &series::INSTANCE_MISSES,
+            options,
             ops().map(|(l, _, op)| (l, op.misses)),
         )?;
         gauge(
             e,
-            "subetha_instance_threads",
-            "Distinct producer threads seen operating on the instance, by op kind.",
-            None,
+            &series::INSTANCE_THREADS,
+            options,
             ops().map(|(l, _, op)| (l, op.threads)),
         )?;
         gauge(
             e,
-            "subetha_instance_latency_max",
-            "Longest measured operation latency on the instance, by op kind.",
-            Some(&Unit::Seconds),
+            &series::INSTANCE_LATENCY_MAX,
+            options,
             ops()
                 .filter(|(_, _, op)| op.latency_ns.count > 0)
                 .map(|(l, _, op)| (l, seconds(op.latency_ns.max))),
         )?;
         counter(
             e,
-            "subetha_instance_drops_attributed",
-            "Ring drops attributed to the instance (first dropped observation of an episode).",
+            &series::DROPS_ATTRIBUTED,
+            options,
             views.iter().flat_map(|v| {
                 v.instances
                     .iter()
@@ -690,40 +488,34 @@ impl Collector for SnapshotCollector {
 
         counter(
             e,
-            "subetha_storms_begun",
-            "Drop storms begun in the process since the agent attached.",
+            &series::STORMS_BEGUN,
+            options,
             views.iter().map(|v| (v.labels(), v.process.storms)),
         )?;
         counter(
             e,
-            "subetha_storms",
-            "Drop storms whose cause is settled, by cause (begun minus these are still being diagnosed).",
+            &series::STORMS,
+            options,
             views.iter().flat_map(ProcessView::storm_causes),
         )?;
         gauge(
             e,
-            "subetha_storms_active",
-            "Drop storms of the process still going on.",
-            None,
+            &series::STORMS_ACTIVE,
+            options,
             views.iter().map(|v| (v.labels(), v.open_storms(snapshot))),
         )?;
 
         histogram(
             e,
-            "subetha_scan_duration",
-            "Duration of one scan of all attached segments.",
+            &series::SCAN_DURATION,
+            options,
             [(vec![], &agent.scan_duration_buckets)],
         )?;
+        histogram(e, &series::SCAN_GAP, options, [(vec![], &agent.scan_gap_buckets)])?;
         histogram(
             e,
-            "subetha_scan_gap",
-            "Gap between the end of a scan and the start of the next.",
-            [(vec![], &agent.scan_gap_buckets)],
-        )?;
-        histogram(
-            e,
-            "subetha_instance_latency",
-            "Measured operation latency on the instance (contended and sampled paths), by op kind.",
+            &series::INSTANCE_LATENCY,
+            options,
             ops()
                 .filter(|(_, _, op)| op.latency_buckets.count > 0)
                 .map(|(labels, _, op)| (labels, &op.latency_buckets)),
@@ -733,8 +525,12 @@ impl Collector for SnapshotCollector {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::collections::HashSet;
+
     use super::*;
-    use crate::model::{AgentInfo, Quantiles, StormReport};
+    use crate::model::{
+        AgentInfo, InstanceReport, OpReport, ProcessReport, Quantiles, RingReport, StormReport,
+    };
     use subetha_core::stats::LatencyHistogram;
 
     /// The export buckets of `values` (ns).

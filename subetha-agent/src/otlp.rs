@@ -5,9 +5,9 @@
 //! # What it promises
 //!
 //! * Every export carries the latest [`AgentSnapshot`], never values
-//!   incremented live. The series are the ones `/metrics` has (the same
-//!   de-duplicated processes, instances and op kinds, see
-//!   [`crate::metrics`]; ring counters per process, never per thread),
+//!   incremented live. The series are the catalogue's ([`crate::series`],
+//!   which `/metrics` renders too: the same de-duplicated processes,
+//!   instances and op kinds; ring counters per process, never per thread),
 //!   under OpenTelemetry names: dots instead of underscores, the unit as
 //!   the metric's unit (`s`, `By`, `{operation}`…) rather than a suffix, and
 //!   no `_total`.
@@ -63,8 +63,8 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message as _;
 
 use crate::AgentSnapshot;
-use crate::metrics::{Labels, MetricsOptions, ProcessView, Value, process_states, seconds, views};
 use crate::model::{BUCKET_BOUNDS_NS, Buckets, ProcessReport};
+use crate::series::{self, Labels, ProcessView, Series, Value, process_states, seconds, views};
 
 /// Where the snapshot comes from: the running agent's latest.
 pub type SnapshotSource = Arc<dyn Fn() -> Arc<AgentSnapshot> + Send + Sync>;
@@ -249,7 +249,7 @@ fn int(key: &str, value: u64) -> KeyValue {
     }
 }
 
-/// A point's attributes from a `/metrics` label set, without the labels
+/// A point's attributes from a catalogue label set, without the labels
 /// its process's resource carries (`pid`, `comm`).
 fn attributes(labels: &Labels<'_>) -> Vec<KeyValue> {
     labels
@@ -369,21 +369,25 @@ impl Metrics {
         }
     }
 
-    fn push(&mut self, name: &str, unit: &str, help: &str, data: Data, empty: bool) {
+    fn push(&mut self, family: &Series, data: Data, empty: bool) {
         if empty {
             return;
         }
+        let otlp = family
+            .otlp
+            .unwrap_or_else(|| panic!("{} has no OTLP form", family.name));
         self.out.push(Metric {
-            name: name.to_owned(),
-            description: help.to_owned(),
-            unit: unit.to_owned(),
+            name: otlp.name.to_owned(),
+            description: family.help_for(false).into_owned(),
+            unit: otlp.unit.to_owned(),
             data: Some(data),
             ..Metric::default()
         });
     }
 
     /// A cumulative monotonic sum; nothing without points.
-    fn counter(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, u64)>) {
+    fn counter(&mut self, family: &Series, points: Vec<(Vec<KeyValue>, u64)>) {
+        debug_assert_eq!(family.kind, series::Kind::Counter, "{}", family.name);
         let data_points: Vec<_> = points
             .into_iter()
             .map(|(attrs, n)| self.point(attrs, NumberValue::AsInt(i64::try_from(n).unwrap_or(i64::MAX))))
@@ -394,10 +398,11 @@ impl Metrics {
             aggregation_temporality: AggregationTemporality::Cumulative as i32,
             is_monotonic: true,
         });
-        self.push(name, unit, help, data, empty);
+        self.push(family, data, empty);
     }
 
-    fn gauge(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, NumberValue)>) {
+    fn gauge(&mut self, family: &Series, points: Vec<(Vec<KeyValue>, NumberValue)>) {
+        debug_assert_eq!(family.kind, series::Kind::Gauge, "{}", family.name);
         let data_points: Vec<_> = points
             .into_iter()
             .map(|(attrs, value)| NumberDataPoint {
@@ -406,20 +411,21 @@ impl Metrics {
             })
             .collect();
         let empty = data_points.is_empty();
-        self.push(name, unit, help, Data::Gauge(Gauge { data_points }), empty);
+        self.push(family, Data::Gauge(Gauge { data_points }), empty);
     }
 
-    fn int_gauge(&mut self, name: &str, unit: &str, help: &str, points: Vec<(Vec<KeyValue>, u64)>) {
+    fn int_gauge(&mut self, family: &Series, points: Vec<(Vec<KeyValue>, u64)>) {
         let points = points
             .into_iter()
             .map(|(a, n)| (a, NumberValue::AsInt(i64::try_from(n).unwrap_or(i64::MAX))))
             .collect();
-        self.gauge(name, unit, help, points);
+        self.gauge(family, points);
     }
 
     /// A cumulative explicit-bucket histogram in seconds on
     /// [`BUCKET_BOUNDS_NS`]; `max_ns` per point where known.
-    fn histogram(&mut self, name: &str, help: &str, points: Vec<(Vec<KeyValue>, &Buckets, Option<u64>)>) {
+    fn histogram(&mut self, family: &Series, points: Vec<(Vec<KeyValue>, &Buckets, Option<u64>)>) {
+        debug_assert_eq!(family.kind, series::Kind::Histogram, "{}", family.name);
         let data_points: Vec<_> = points
             .into_iter()
             .map(|(attributes, buckets, max_ns)| HistogramDataPoint {
@@ -441,7 +447,7 @@ impl Metrics {
             data_points,
             aggregation_temporality: AggregationTemporality::Cumulative as i32,
         });
-        self.push(name, "s", help, data, empty);
+        self.push(family, data, empty);
     }
 
     fn into_resource(self, resource: Resource) -> ResourceMetrics {
@@ -473,54 +479,27 @@ pub fn request(
     let views = views(snapshot);
     let mut own = Metrics::new(agent_start_ns.min(now_ns), now_ns);
     let none = Vec::new;
-    own.counter(
-        "subetha.agent.scans",
-        "{scan}",
-        "Scans of all attached segments completed.",
-        vec![(none(), agent.scans)],
-    );
-    own.counter(
-        "subetha.probe.events",
-        "{event}",
-        "Events read from the eBPF probes.",
-        vec![(none(), agent.probe_events)],
-    );
-    own.counter(
-        "subetha.probe.lost_events",
-        "{event}",
-        "Events the eBPF probes could not deliver (ring buffer full).",
-        vec![(none(), agent.probe_losses)],
-    );
-    own.counter(
-        "subetha.probe.filtered_intervals",
-        "{interval}",
-        "Off-CPU intervals the eBPF probes' in-kernel filter kept back as unremarkable.",
-        vec![(none(), agent.probe_filtered)],
-    );
+    own.counter(&series::AGENT_SCANS, vec![(none(), agent.scans)]);
+    own.counter(&series::PROBE_EVENTS, vec![(none(), agent.probe_events)]);
+    own.counter(&series::PROBE_LOST_EVENTS, vec![(none(), agent.probe_losses)]);
+    own.counter(&series::PROBE_FILTERED, vec![(none(), agent.probe_filtered)]);
     own.gauge(
-        "subetha.agent.scan_interval",
-        "s",
-        "Current pause between scans (adapts to ring fill).",
+        &series::SCAN_INTERVAL,
         vec![(none(), NumberValue::AsDouble(agent.scan_interval_us as f64 / 1e6))],
     );
     own.int_gauge(
-        "subetha.segments.refused",
-        "{segment}",
-        "Segments found but refused as invalid (bounded history).",
+        &series::SEGMENTS_REFUSED,
         vec![(none(), snapshot.refused.len() as u64)],
     );
     own.int_gauge(
-        "subetha.processes",
-        "{process}",
-        "Instrumented processes by state (attached, waiting, exited and retained).",
+        &series::PROCESSES,
         process_states(&views)
             .into_iter()
             .map(|(state, n)| (vec![string("state", state)], n))
             .collect(),
     );
     own.histogram(
-        "subetha.scan.duration",
-        "Duration of one scan of all attached segments.",
+        &series::SCAN_DURATION,
         vec![(
             none(),
             &agent.scan_duration_buckets,
@@ -528,8 +507,7 @@ pub fn request(
         )],
     );
     own.histogram(
-        "subetha.scan.gap",
-        "Gap between the end of a scan and the start of the next.",
+        &series::SCAN_GAP,
         vec![(none(), &agent.scan_gap_buckets, Some(agent.scan_gap_ns.max))],
     );
     let mut resources = vec![own.into_resource(agent_resource(snapshot, host))];
@@ -549,64 +527,28 @@ pub fn request(
 fn process_metrics(m: &mut Metrics, snapshot: &AgentSnapshot, view: &ProcessView<'_>) {
     let process = view.process;
     let none = Vec::new;
+    m.int_gauge(&series::SEGMENT_SIZE, vec![(none(), process.segment_bytes)]);
     m.int_gauge(
-        "subetha.segment.size",
-        "By",
-        "Size of the process's shared-memory segment.",
-        vec![(none(), process.segment_bytes)],
-    );
-    m.int_gauge(
-        "subetha.segment.resident",
-        "By",
-        "Resident (touched) part of the process's shared-memory segment.",
+        &series::SEGMENT_RESIDENT,
         vec![(none(), process.segment_resident_bytes)],
     );
-    m.counter(
-        "subetha.observations.lost_no_ring",
-        "{observation}",
-        "Observations lost because their thread found no free ring slot.",
-        vec![(none(), process.lost_no_ring)],
-    );
-    m.counter(
-        "subetha.observations.unattributed",
-        "{observation}",
-        "Drained observations whose instance id matched no registered instance.",
-        vec![(none(), process.unattributed)],
-    );
+    m.counter(&series::LOST_NO_RING, vec![(none(), process.lost_no_ring)]);
+    m.counter(&series::UNATTRIBUTED, vec![(none(), process.unattributed)]);
     m.int_gauge(
-        "subetha.rings",
-        "{ring}",
-        "Ring slots of the process by state.",
+        &series::RINGS,
         view.ring_states().map(|(l, n)| (attributes(&l), n)).collect(),
     );
-    m.int_gauge(
-        "subetha.rings.corrupt",
-        "{ring}",
-        "Ring slots whose indices were impossible (corrupt or hostile segment).",
-        vec![(none(), view.corrupt_rings())],
-    );
+    m.int_gauge(&series::RINGS_CORRUPT, vec![(none(), view.corrupt_rings())]);
     let ring = |value: fn(&crate::model::RingReport) -> u64, total: Option<u64>| {
-        view.ring_counter(MetricsOptions::default(), value, total)
+        view.ring_counter(false, value, total)
             .into_iter()
             .map(|(l, n)| (attributes(&l), n))
             .collect::<Vec<_>>()
     };
+    m.counter(&series::DRAINED, ring(|r| r.drained, None));
+    m.counter(&series::DROPPED, ring(|r| r.dropped, None));
     m.counter(
-        "subetha.observations.drained",
-        "{observation}",
-        "Observations drained from the process's rings, by any consumer.",
-        ring(|r| r.drained, None),
-    );
-    m.counter(
-        "subetha.observations.dropped",
-        "{observation}",
-        "Observations dropped because a ring of the process was full.",
-        ring(|r| r.dropped, None),
-    );
-    m.counter(
-        "subetha.drop_episodes",
-        "{episode}",
-        "Drop episodes (runs of consecutive drops) seen on the process's rings by this agent.",
+        &series::DROP_EPISODES,
         ring(|r| r.episodes, Some(process.episodes)),
     );
     let ops = |value: fn(&crate::model::OpReport) -> u64| {
@@ -614,65 +556,30 @@ fn process_metrics(m: &mut Metrics, snapshot: &AgentSnapshot, view: &ProcessView
             .map(|(l, _, op)| (attributes(&l), value(op)))
             .collect::<Vec<_>>()
     };
+    m.counter(&series::INSTANCE_OPS, ops(|op| op.ops));
+    m.counter(&series::INSTANCE_CONTENDED, ops(|op| op.contended));
+    m.counter(&series::INSTANCE_MISSES, ops(|op| op.misses));
+    m.int_gauge(&series::INSTANCE_THREADS, ops(|op| op.threads));
     m.counter(
-        "subetha.instance.ops",
-        "{operation}",
-        "Operations on the instance, by op kind.",
-        ops(|op| op.ops),
-    );
-    m.counter(
-        "subetha.instance.contended",
-        "{operation}",
-        "Operations on the instance that had to wait, by op kind.",
-        ops(|op| op.contended),
-    );
-    m.counter(
-        "subetha.instance.misses",
-        "{operation}",
-        "Operations on the instance that found nothing (empty or full, timed out), by op kind.",
-        ops(|op| op.misses),
-    );
-    m.int_gauge(
-        "subetha.instance.threads",
-        "{thread}",
-        "Distinct producer threads seen operating on the instance, by op kind.",
-        ops(|op| op.threads),
-    );
-    m.counter(
-        "subetha.instance.drops_attributed",
-        "{observation}",
-        "Ring drops attributed to the instance (first dropped observation of an episode).",
+        &series::DROPS_ATTRIBUTED,
         view.instances
             .iter()
             .map(|(i, _)| (attributes(&view.instance_labels(i)), i.drops_attributed))
             .collect(),
     );
     m.histogram(
-        "subetha.instance.latency",
-        "Measured operation latency on the instance (contended and sampled paths), by op kind.",
+        &series::INSTANCE_LATENCY,
         view.ops()
             .filter(|(_, _, op)| op.latency_buckets.count > 0)
             .map(|(l, _, op)| (attributes(&l), &op.latency_buckets, Some(op.latency_ns.max)))
             .collect(),
     );
+    m.counter(&series::STORMS_BEGUN, vec![(none(), process.storms)]);
     m.counter(
-        "subetha.storms.begun",
-        "{storm}",
-        "Drop storms begun in the process since the agent attached.",
-        vec![(none(), process.storms)],
-    );
-    m.counter(
-        "subetha.storms",
-        "{storm}",
-        "Drop storms whose cause is settled, by cause (begun minus these are still being diagnosed).",
+        &series::STORMS,
         view.storm_causes().map(|(l, n)| (attributes(&l), n)).collect(),
     );
-    m.int_gauge(
-        "subetha.storms.active",
-        "{storm}",
-        "Drop storms of the process still going on.",
-        vec![(none(), view.open_storms(snapshot))],
-    );
+    m.int_gauge(&series::STORMS_ACTIVE, vec![(none(), view.open_storms(snapshot))]);
 }
 
 #[cfg(test)]

@@ -53,10 +53,14 @@ impl Registration {
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
         }
         if path.exists() {
-            if UnixStream::connect(path).is_ok() {
+            if let Ok(stream) = UnixStream::connect(path) {
+                let who = match peer_pid(&stream) {
+                    Ok(pid) => format!("another agent (pid {pid})"),
+                    Err(_) => "another agent".to_string(),
+                };
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
-                    format!("another agent is listening on {}", path.display()),
+                    format!("{who} is listening on {}", path.display()),
                 ));
             }
             std::fs::remove_file(path)?;
@@ -194,10 +198,11 @@ mod tests {
         assert_eq!(got.pid, std::process::id());
         // A second agent on the same path is refused.
         let (tx2, _rx2) = std::sync::mpsc::channel();
-        assert_eq!(
-            Registration::start(&path, tx2).err().map(|e| e.kind()),
-            Some(io::ErrorKind::AddrInUse)
-        );
+        let busy = Registration::start(&path, tx2).err().expect("refused");
+        assert_eq!(busy.kind(), io::ErrorKind::AddrInUse);
+        // It names the listener (here: this process).
+        let named = format!("another agent (pid {}) is listening on", std::process::id());
+        assert!(busy.to_string().contains(&named), "{busy}");
         // Garbage without a descriptor is ignored, and the listener survives.
         let mut junk = UnixStream::connect(registration.path()).unwrap();
         io::Write::write_all(&mut junk, b"hello").unwrap();

@@ -17,7 +17,7 @@
 //! every read is still bounds-checked: a malformed blob is an error, never a
 //! panic.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Where the running kernel publishes its BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -49,20 +49,65 @@ pub struct TaskOffsets {
     pub rq_clock: u32,
 }
 
+/// Why the offsets could not be read from BTF.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    /// The BTF file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A BTF file's content is not what [`TaskOffsets`] needs.
+    #[error("{}: {source}", .path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its content.
+        #[source]
+        source: Box<BtfError>,
+    },
+    /// The bytes are not well-formed BTF, or lack a struct, a member or
+    /// the size expected of it (the message says which).
+    #[error("{0}")]
+    Content(String),
+}
+
+impl From<String> for BtfError {
+    fn from(message: String) -> Self {
+        Self::Content(message)
+    }
+}
+
+impl From<&str> for BtfError {
+    fn from(message: &str) -> Self {
+        Self::Content(message.to_string())
+    }
+}
+
 impl TaskOffsets {
     /// Reads the offsets from the running kernel's BTF.
-    pub fn from_kernel() -> Result<TaskOffsets, String> {
+    pub fn from_kernel() -> Result<TaskOffsets, BtfError> {
         Self::from_file(Path::new(VMLINUX_BTF))
     }
 
     /// Reads the offsets from a BTF file.
-    pub fn from_file(path: &Path) -> Result<TaskOffsets, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_btf(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn from_file(path: &Path) -> Result<TaskOffsets, BtfError> {
+        let bytes = std::fs::read(path).map_err(|source| BtfError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_btf(&bytes).map_err(|error| BtfError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(error),
+        })
     }
 
     /// Reads the offsets from raw BTF bytes.
-    pub fn from_btf(bytes: &[u8]) -> Result<TaskOffsets, String> {
+    pub fn from_btf(bytes: &[u8]) -> Result<TaskOffsets, BtfError> {
         let btf = Btf::parse(bytes)?;
         let task = btf.struct_by_name("task_struct")?;
         let pid = btf.field_offset(task, &["pid"], 4)?;
@@ -162,22 +207,22 @@ fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
 }
 
 impl<'a> Btf<'a> {
-    fn parse(bytes: &'a [u8]) -> Result<Btf<'a>, String> {
-        let truncated = || "truncated BTF header".to_string();
+    fn parse(bytes: &'a [u8]) -> Result<Btf<'a>, BtfError> {
+        let truncated = || BtfError::from("truncated BTF header");
         if u16_at(bytes, 0).ok_or_else(truncated)? != MAGIC {
             return Err("not BTF (bad magic, or not little-endian)".into());
         }
         let header_len = u32_at(bytes, 4).ok_or_else(truncated)? as usize;
         if header_len < HEADER_LEN {
-            return Err(format!("BTF header of {header_len} bytes is too short"));
+            return Err(format!("BTF header of {header_len} bytes is too short").into());
         }
-        let section = |off_at: usize, len_at: usize, what: &str| -> Result<&'a [u8], String> {
+        let section = |off_at: usize, len_at: usize, what: &str| -> Result<&'a [u8], BtfError> {
             let off = u32_at(bytes, off_at).ok_or_else(truncated)? as usize;
             let len = u32_at(bytes, len_at).ok_or_else(truncated)? as usize;
             header_len
                 .checked_add(off)
                 .and_then(|start| bytes.get(start..start.checked_add(len)?))
-                .ok_or_else(|| format!("BTF {what} section out of bounds"))
+                .ok_or_else(|| format!("BTF {what} section out of bounds").into())
         };
         let types = section(8, 12, "type")?;
         let strings = section(16, 20, "string")?;
@@ -210,7 +255,7 @@ impl<'a> Btf<'a> {
                 kind::ARRAY => 12,
                 kind::STRUCT | kind::UNION | kind::DATASEC | kind::ENUM64 => 12 * vlen as usize,
                 kind::ENUM | kind::FUNC_PROTO => 8 * vlen as usize,
-                other => return Err(format!("unknown BTF kind {other} at byte {at}")),
+                other => return Err(format!("unknown BTF kind {other} at byte {at}").into()),
             };
             records.push(TypeRecord {
                 name_off,
@@ -232,7 +277,7 @@ impl<'a> Btf<'a> {
         })
     }
 
-    fn name(&self, offset: u32) -> Result<&'a str, String> {
+    fn name(&self, offset: u32) -> Result<&'a str, BtfError> {
         let tail = self
             .strings
             .get(offset as usize..)
@@ -244,26 +289,26 @@ impl<'a> Btf<'a> {
         std::str::from_utf8(&tail[..end]).map_err(|_| "BTF string is not UTF-8".into())
     }
 
-    fn record(&self, id: u32) -> Result<&TypeRecord, String> {
+    fn record(&self, id: u32) -> Result<&TypeRecord, BtfError> {
         self.records
             .get(id as usize)
-            .ok_or_else(|| format!("BTF type id {id} out of range"))
+            .ok_or_else(|| format!("BTF type id {id} out of range").into())
     }
 
     /// The one complete struct called `name` (forward declarations have no
     /// members and are skipped).
-    fn struct_by_name(&self, name: &str) -> Result<u32, String> {
+    fn struct_by_name(&self, name: &str) -> Result<u32, BtfError> {
         for (id, record) in self.records.iter().enumerate().skip(1) {
             if record.kind == kind::STRUCT && record.vlen > 0 && self.name(record.name_off)? == name {
                 return Ok(id as u32);
             }
         }
-        Err(format!("no struct {name} in the BTF"))
+        Err(format!("no struct {name} in the BTF").into())
     }
 
     /// Member `name` of struct/union `id`, looking into anonymous struct and
     /// union members; its offset is from the start of `id`.
-    fn find_member(&self, id: u32, name: &str, depth: u32) -> Result<Option<Member>, String> {
+    fn find_member(&self, id: u32, name: &str, depth: u32) -> Result<Option<Member>, BtfError> {
         if depth > MAX_DEPTH {
             return Err("BTF nesting too deep".into());
         }
@@ -292,7 +337,7 @@ impl<'a> Btf<'a> {
                 }
             } else if self.name(member_name)? == name {
                 if bitfield || bit_offset % 8 != 0 {
-                    return Err(format!("member `{name}` is a bitfield"));
+                    return Err(format!("member `{name}` is a bitfield").into());
                 }
                 return Ok(Some(Member {
                     type_id,
@@ -305,7 +350,7 @@ impl<'a> Btf<'a> {
 
     /// Offset of the field at `path` (member names, each in the struct the
     /// previous one is) in struct `id`, checking it is `size` bytes.
-    fn field_offset(&self, id: u32, path: &[&str], size: u32) -> Result<u32, String> {
+    fn field_offset(&self, id: u32, path: &[&str], size: u32) -> Result<u32, BtfError> {
         let dotted = path.join(".");
         let owner = self.name(self.record(id)?.name_off)?;
         let mut container = id;
@@ -324,13 +369,13 @@ impl<'a> Btf<'a> {
         let member = member.ok_or("empty field path")?;
         let actual = self.size_of(member.type_id, 0)?;
         if actual != size {
-            return Err(format!("{owner}.{dotted} is {actual} bytes, expected {size}"));
+            return Err(format!("{owner}.{dotted} is {actual} bytes, expected {size}").into());
         }
         Ok(offset)
     }
 
     /// Type `id` without typedefs and qualifiers.
-    fn strip(&self, id: u32, depth: u32) -> Result<u32, String> {
+    fn strip(&self, id: u32, depth: u32) -> Result<u32, BtfError> {
         if depth > MAX_DEPTH {
             return Err("BTF type chain too long".into());
         }
@@ -344,7 +389,7 @@ impl<'a> Btf<'a> {
     }
 
     /// Size in bytes of type `id`, through typedefs and qualifiers.
-    fn size_of(&self, id: u32, depth: u32) -> Result<u32, String> {
+    fn size_of(&self, id: u32, depth: u32) -> Result<u32, BtfError> {
         if depth > MAX_DEPTH {
             return Err("BTF type chain too long".into());
         }
@@ -365,7 +410,7 @@ impl<'a> Btf<'a> {
                     .checked_mul(count)
                     .ok_or_else(|| "BTF array size overflows".into())
             }
-            other => Err(format!("BTF type {id} (kind {other}) has no size")),
+            other => Err(format!("BTF type {id} (kind {other}) has no size").into()),
         }
     }
 }
@@ -550,7 +595,12 @@ mod tests {
         }
         let mut bad_magic = good.clone();
         bad_magic[0] ^= 0xff;
-        assert!(TaskOffsets::from_btf(&bad_magic).unwrap_err().contains("magic"));
+        assert!(
+            TaskOffsets::from_btf(&bad_magic)
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
         // A member pointing at a type id beyond the table.
         let mut b = Builder::new();
         let members = b.members(&[("pid", 99, 0), ("comm", 99, 4), ("cpu", 99, 20)]);
@@ -558,6 +608,7 @@ mod tests {
         assert!(
             TaskOffsets::from_btf(&b.finish())
                 .unwrap_err()
+                .to_string()
                 .contains("out of range")
         );
         // A wrong-sized field.
@@ -568,6 +619,7 @@ mod tests {
         assert!(
             TaskOffsets::from_btf(&b.finish())
                 .unwrap_err()
+                .to_string()
                 .contains("8 bytes, expected 4")
         );
     }

@@ -1,4 +1,4 @@
-//! [`Probes`]: the loaded eBPF object, its attachments and its readers.
+//! [`LoadedProbes`]: the loaded eBPF object, its attachments and its readers.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -13,12 +13,12 @@ use subetha_probes::{
     WATCHED_OVERFLOW_MAP, WatchedTask, global, index, program,
 };
 
-use super::btf::TaskOffsets;
+use super::btf::{BtfError, TaskOffsets};
 use super::events::{ProbeEvent, decode_event};
-use super::target::{HookObject, find_hook_object};
+use super::target::{HookObject, TargetError, find_hook_object};
 use super::{HookHits, OffCpuFilter, ProbeStatus, ProbesError, Role, SchedPrograms, tracefs};
 
-/// At most this many records are decoded per [`Probes::drain_events`] call,
+/// At most this many records are decoded per [`LoadedProbes::drain_events`] call,
 /// so a flood cannot keep the caller in the loop forever.
 const MAX_EVENTS_PER_DRAIN: usize = 1 << 16;
 /// Error texts (verifier logs can be long) are cut to this many bytes.
@@ -39,10 +39,49 @@ struct Plain<T>(T);
 // its layout: what aya's `Pod` requires to copy it to and from map bytes.
 unsafe impl<T: bytemuck::Pod> aya::Pod for Plain<T> {}
 
+/// Why a map of the object could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MapFailure {
+    /// The object has no map of that name.
+    #[error("missing from the object")]
+    Missing,
+    /// aya could not open, read or write it.
+    #[error(transparent)]
+    Aya(#[from] MapError),
+    /// Every watched-thread slot is taken.
+    #[error("all {WATCHED_ENTRIES} watched-thread slots in use")]
+    Full,
+    /// A test's expectation of a slot's content does not hold.
+    #[cfg(test)]
+    #[error("{0}")]
+    Unexpected(String),
+}
+
+impl MapFailure {
+    fn of(self, map: &'static str) -> ProbesError {
+        ProbesError::Map {
+            map,
+            source: Box::new(self),
+        }
+    }
+}
+
+/// Why a program could not be loaded, attached or detached. Its text (with
+/// its causes, [`error_text`]) is what [`ProbeStatus::error`] reports.
+#[derive(Debug, thiserror::Error)]
+enum ProgramFailure {
+    /// The object has no program of that name.
+    #[error("program {0} missing from the object")]
+    Missing(String),
+    /// aya refused (wrong type, verifier, attach).
+    #[error(transparent)]
+    Aya(#[from] aya::programs::ProgramError),
+}
+
 /// The uprobes of one process.
-struct ProcessProbes {
+struct ProcessUprobes {
     /// Where its hooks are (resolved on first use, retried while failing).
-    object: Result<HookObject, String>,
+    object: Result<HookObject, TargetError>,
     /// Per hook, in [`program::UPROBES`] order.
     hooks: [HookAttach; 4],
 }
@@ -68,30 +107,30 @@ struct Watched {
 ///
 /// Not shared between threads: the agent's scan thread owns it, attaches
 /// processes as it discovers them and drains events on its timer.
-pub struct Probes {
+pub struct LoadedProbes {
     ebpf: Ebpf,
     events: RingBuf<MapData>,
     logger: Option<aya_log::EbpfLogger<TracingLog>>,
     /// Load errors of the uprobe programs, by name.
     uprobe_load_errors: HashMap<&'static str, String>,
     tracepoints: Vec<ProbeStatus>,
-    processes: HashMap<u32, ProcessProbes>,
+    processes: HashMap<u32, ProcessUprobes>,
     watched: HashMap<u32, Watched>,
     /// Free slots of the kernel's watched-thread array (popped from the end).
     free_slots: Vec<u32>,
     undecodable: u64,
 }
 
-impl std::fmt::Debug for Probes {
+impl std::fmt::Debug for LoadedProbes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Probes")
+        f.debug_struct("LoadedProbes")
             .field("processes", &self.processes.keys().collect::<Vec<_>>())
             .field("watched", &self.watched.len())
             .finish_non_exhaustive()
     }
 }
 
-impl Probes {
+impl LoadedProbes {
     /// Loads the object, loads every program, configures and attaches the
     /// four sched tracepoints (mounting tracefs on `/sys/kernel/tracing`
     /// first if it is not mounted anywhere). Tries to raise RLIMIT_MEMLOCK
@@ -99,12 +138,16 @@ impl Probes {
     /// itself cannot be loaded (no privileges, no BPF); a program or
     /// tracepoint that fails is reported by [`status`](Self::status) and
     /// the rest work.
-    pub fn load() -> Result<Probes, ProbesError> {
+    pub fn load() -> Result<LoadedProbes, ProbesError> {
         Self::load_with(SchedPrograms::Auto)
     }
 
     /// [`load`](Self::load), choosing the scheduler programs.
-    pub fn load_with(sched: SchedPrograms) -> Result<Probes, ProbesError> {
+    pub fn load_with(sched: SchedPrograms) -> Result<LoadedProbes, ProbesError> {
+        let privileges = super::Privileges::of_this_process();
+        if !privileges.can_load() {
+            return Err(ProbesError::Privileges(privileges));
+        }
         let memlock = raise_memlock();
         // The BTF tracepoints read task_struct fields at these offsets; an
         // unset offset makes the verifier refuse them, and the classic
@@ -126,7 +169,7 @@ impl Probes {
         }
         let mut ebpf = loader
             .load(object())
-            .map_err(|e| ProbesError::Load(load_advice(error_text(&e), memlock.as_ref())))?;
+            .map_err(|e| load_failure(e, memlock.as_ref()))?;
         let logger = match aya_log::EbpfLogger::init_with_logger(&mut ebpf, TracingLog) {
             Ok(logger) => Some(logger),
             Err(error) => {
@@ -134,22 +177,19 @@ impl Probes {
                 None
             }
         };
-        let events = ebpf.take_map(EVENTS_MAP).ok_or(ProbesError::Map {
-            map: EVENTS_MAP,
-            error: "missing from the object".into(),
-        })?;
-        let events = RingBuf::try_from(events).map_err(|e| ProbesError::Map {
-            map: EVENTS_MAP,
-            error: error_text(&e),
-        })?;
+        let events = ebpf
+            .take_map(EVENTS_MAP)
+            .ok_or_else(|| MapFailure::Missing.of(EVENTS_MAP))?;
+        let events = RingBuf::try_from(events).map_err(|e| MapFailure::from(e).of(EVENTS_MAP))?;
         let mut uprobe_load_errors = HashMap::new();
         for (name, _) in program::UPROBES {
             if let Err(error) = load_uprobe(&mut ebpf, name) {
+                let error = error_text(&error);
                 tracing::warn!(program = name, %error, "eBPF uprobe program not loaded");
                 uprobe_load_errors.insert(name, error);
             }
         }
-        let mut probes = Probes {
+        let mut probes = LoadedProbes {
             ebpf,
             events,
             logger,
@@ -162,7 +202,7 @@ impl Probes {
         };
         let offsets = match sched {
             SchedPrograms::Auto => offsets,
-            SchedPrograms::Classic => Err("classic tracepoints asked for".to_string()),
+            SchedPrograms::Classic => Err(BtfError::from("classic tracepoints asked for")),
         };
         probes.start_sched(offsets, sched);
         Ok(probes)
@@ -171,8 +211,10 @@ impl Probes {
     /// Attaches the sched programs, each on its own: the BTF tracepoint
     /// where the kernel has BTF and the offsets were found, else the
     /// classic one configured from tracefs.
-    fn start_sched(&mut self, offsets: Result<TaskOffsets, String>, sched: SchedPrograms) {
-        let btf = offsets.and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
+    fn start_sched(&mut self, offsets: Result<TaskOffsets, BtfError>, sched: SchedPrograms) {
+        let btf = offsets
+            .map_err(|e| error_text(&e))
+            .and_then(|_| Btf::from_sys_fs().map_err(|e| error_text(&e)));
         let mut classic_config: Option<Result<(), String>> = None;
         // With the BTF sched_switch, a woken thread's runqueue wait comes
         // from its sched_info: the wakeup tracepoints are not needed.
@@ -181,7 +223,9 @@ impl Probes {
             let btf_error = match (btf_name, &btf) {
                 (None, _) if btf_switch => continue,
                 (None, _) => None,
-                (Some(name), Ok(btf)) => match attach_btf_tracepoint(&mut self.ebpf, name, event, btf) {
+                (Some(name), Ok(btf)) => match attach_btf_tracepoint(&mut self.ebpf, name, event, btf)
+                    .map_err(|e| error_text(&e))
+                {
                     Ok(()) => {
                         btf_switch |= name == program::BTF_SCHED_SWITCH;
                         self.tracepoints.push(ProbeStatus {
@@ -203,13 +247,16 @@ impl Probes {
                 .get_or_insert_with(|| {
                     tracefs::tracefs_root()
                         .map_err(|e| e.to_string())
-                        .and_then(|root| tracefs::sched_config(&root))
-                        .and_then(|config| self.set_sched_config(config))
+                        .and_then(|root| tracefs::sched_config(&root).map_err(|e| error_text(&e)))
+                        .and_then(|config| self.set_sched_config(config).map_err(|e| error_text(&e)))
                 })
                 .clone();
             let result = config
                 .map_err(|e| format!("tracepoint layout unknown: {e}"))
-                .and_then(|()| attach_tracepoint(&mut self.ebpf, classic_name, category, event))
+                .and_then(|()| {
+                    attach_tracepoint(&mut self.ebpf, classic_name, category, event)
+                        .map_err(|e| error_text(&e))
+                })
                 .map_err(|classic_error| match &btf_error {
                     Some(btf_error) => format!("tp_btf: {btf_error}; classic: {classic_error}"),
                     None => classic_error,
@@ -239,19 +286,14 @@ impl Probes {
                 _reserved: 0,
             }
         });
-        let map_error = |error: String| ProbesError::Map {
-            map: OFF_CPU_FILTER_MAP,
-            error,
-        };
+        let map_error = |failure: MapFailure| failure.of(OFF_CPU_FILTER_MAP);
         let map = self
             .ebpf
             .map_mut(OFF_CPU_FILTER_MAP)
-            .ok_or_else(|| map_error("missing".into()))?;
+            .ok_or_else(|| map_error(MapFailure::Missing))?;
         let mut array = Array::<_, Plain<subetha_probes::OffCpuFilter>>::try_from(map)
-            .map_err(|e| map_error(error_text(&e)))?;
-        array
-            .set(0, Plain(value), 0)
-            .map_err(|e| map_error(error_text(&e)))
+            .map_err(|e| map_error(e.into()))?;
+        array.set(0, Plain(value), 0).map_err(|e| map_error(e.into()))
     }
 
     /// Off-CPU intervals the filter kept out of the event stream, summed
@@ -260,10 +302,16 @@ impl Probes {
         self.per_cpu_sum(OFF_CPU_FILTERED_MAP)
     }
 
-    fn set_sched_config(&mut self, config: SchedConfig) -> Result<(), String> {
-        let map = self.ebpf.map_mut(SCHED_CONFIG_MAP).ok_or("config map missing")?;
-        let mut array = Array::<_, Plain<SchedConfig>>::try_from(map).map_err(|e| error_text(&e))?;
-        array.set(0, Plain(config), 0).map_err(|e| error_text(&e))
+    fn set_sched_config(&mut self, config: SchedConfig) -> Result<(), ProbesError> {
+        let map = self
+            .ebpf
+            .map_mut(SCHED_CONFIG_MAP)
+            .ok_or_else(|| MapFailure::Missing.of(SCHED_CONFIG_MAP))?;
+        let mut array = Array::<_, Plain<SchedConfig>>::try_from(map)
+            .map_err(|e| MapFailure::from(e).of(SCHED_CONFIG_MAP))?;
+        array
+            .set(0, Plain(config), 0)
+            .map_err(|e| MapFailure::from(e).of(SCHED_CONFIG_MAP))
     }
 
     /// Attaches the scan-hook uprobes in process `pid` (the agent itself or
@@ -300,8 +348,8 @@ impl Probes {
             uprobe_load_errors,
             ..
         } = self;
-        let process = processes.entry(pid).or_insert_with(|| ProcessProbes {
-            object: Err(String::new()),
+        let process = processes.entry(pid).or_insert_with(|| ProcessUprobes {
+            object: Err(TargetError::NoHooks { tried: Vec::new() }),
             hooks: Default::default(),
         });
         if process.object.is_err() {
@@ -313,13 +361,11 @@ impl Probes {
         let object = match &process.object {
             Ok(object) => object.clone(),
             Err(reason) => {
+                let reason = error_text(reason);
                 for &hook in hooks {
                     process.hooks[hook as usize].error = Some(reason.clone());
                 }
-                return Err(ProbesError::Target {
-                    pid,
-                    reason: reason.clone(),
-                });
+                return Err(ProbesError::Target { pid, reason });
             }
         };
         let mut failures = Vec::new();
@@ -332,15 +378,15 @@ impl Probes {
             let result = match (uprobe_load_errors.get(name), object.offsets[hook as usize]) {
                 (Some(error), _) => Err(format!("program not loaded: {error}")),
                 (None, None) => Err(format!("{} does not define {symbol}", object.display)),
-                (None, Some(offset)) => uprobe(ebpf, name).and_then(|program| {
-                    program
-                        .attach(
+                (None, Some(offset)) => uprobe(ebpf, name)
+                    .and_then(|program| {
+                        Ok(program.attach(
                             UProbeAttachLocation::AbsoluteOffset(offset),
                             &object.path,
                             UProbeScope::OneProcess(scope),
-                        )
-                        .map_err(|e| error_text(&e))
-                }),
+                        )?)
+                    })
+                    .map_err(|e| uprobe_attach_text(&e)),
             };
             match result {
                 Ok(link) => {
@@ -370,10 +416,8 @@ impl Probes {
                     continue;
                 };
                 let name = program::UPROBES[hook].0;
-                if let Err(error) =
-                    uprobe(&mut self.ebpf, name).and_then(|p| p.detach(link).map_err(|e| error_text(&e)))
-                {
-                    tracing::debug!(pid, program = name, %error, "uprobe detach failed");
+                if let Err(error) = uprobe(&mut self.ebpf, name).and_then(|p| Ok(p.detach(link)?)) {
+                    tracing::debug!(pid, program = name, error = %error_text(&error), "uprobe detach failed");
                 }
             }
         }
@@ -399,10 +443,10 @@ impl Probes {
         }
         // Re-watching starts from a clean slot.
         self.unwatch(tid);
-        let slot = self.free_slots.pop().ok_or(ProbesError::Map {
-            map: WATCHED_MAP,
-            error: format!("all {WATCHED_ENTRIES} watched-thread slots in use"),
-        })?;
+        let slot = self
+            .free_slots
+            .pop()
+            .ok_or_else(|| MapFailure::Full.of(WATCHED_MAP))?;
         let pid = tgid_of(tid).unwrap_or(0);
         let entry = WatchedTask {
             tid,
@@ -423,7 +467,7 @@ impl Probes {
             let _ = self.publish_residue(index::residue(tid));
             let _ = self.write_slot(slot, WatchedTask::default());
             self.free_slots.push(slot);
-            return Err(ProbesError::Map { map, error });
+            return Err(error.of(map));
         }
         Ok(())
     }
@@ -435,7 +479,7 @@ impl Probes {
         };
         // Unpublished before the slot is cleared and reused.
         if let Err((map, error)) = self.publish_residue(index::residue(tid)) {
-            tracing::debug!(tid, map, %error, "watched-thread index not updated");
+            tracing::debug!(tid, map, error = %error_text(&error), "watched-thread index not updated");
         }
         if let Some(map) = self.ebpf.map_mut(WATCHED_OVERFLOW_MAP)
             && let Ok(mut overflow) = BpfHashMap::<_, u32, u32>::try_from(map)
@@ -445,20 +489,22 @@ impl Probes {
         match self.write_slot(watched.slot, WatchedTask::default()) {
             Ok(()) => self.free_slots.push(watched.slot),
             // A slot that could not be cleared is not reused.
-            Err(error) => tracing::debug!(tid, %error, "watched-thread slot not cleared"),
+            Err(error) => {
+                tracing::debug!(tid, error = %error_text(&error), "watched-thread slot not cleared")
+            }
         }
     }
 
-    fn write_slot(&mut self, slot: u32, entry: WatchedTask) -> Result<(), String> {
-        let map = self.ebpf.map_mut(WATCHED_MAP).ok_or("missing")?;
-        let mut slots = Array::<_, Plain<WatchedTask>>::try_from(map).map_err(|e| error_text(&e))?;
-        slots.set(slot, Plain(entry), 0).map_err(|e| error_text(&e))
+    fn write_slot(&mut self, slot: u32, entry: WatchedTask) -> Result<(), MapFailure> {
+        let map = self.ebpf.map_mut(WATCHED_MAP).ok_or(MapFailure::Missing)?;
+        let mut slots = Array::<_, Plain<WatchedTask>>::try_from(map)?;
+        Ok(slots.set(slot, Plain(entry), 0)?)
     }
 
     /// Makes the kernel's index entry for `residue` (and the overflow map
     /// for it) say what [`watched`](Self::watched) says: nobody, one slot,
     /// or several threads to look up by tid.
-    fn publish_residue(&mut self, residue: u32) -> Result<(), (&'static str, String)> {
+    fn publish_residue(&mut self, residue: u32) -> Result<(), (&'static str, MapFailure)> {
         let sharing: Vec<(u32, u32)> = self
             .watched
             .iter()
@@ -469,13 +515,13 @@ impl Probes {
             let map = self
                 .ebpf
                 .map_mut(WATCHED_OVERFLOW_MAP)
-                .ok_or((WATCHED_OVERFLOW_MAP, "missing".to_string()))?;
-            let mut overflow = BpfHashMap::<_, u32, u32>::try_from(map)
-                .map_err(|e| (WATCHED_OVERFLOW_MAP, error_text(&e)))?;
+                .ok_or((WATCHED_OVERFLOW_MAP, MapFailure::Missing))?;
+            let mut overflow =
+                BpfHashMap::<_, u32, u32>::try_from(map).map_err(|e| (WATCHED_OVERFLOW_MAP, e.into()))?;
             for &(tid, slot) in &sharing {
                 overflow
                     .insert(tid, slot, 0)
-                    .map_err(|e| (WATCHED_OVERFLOW_MAP, error_text(&e)))?;
+                    .map_err(|e| (WATCHED_OVERFLOW_MAP, e.into()))?;
             }
         }
         // The whole word: the entries of the residues beside this one.
@@ -496,11 +542,11 @@ impl Probes {
         let map = self
             .ebpf
             .map_mut(WATCHED_INDEX_MAP)
-            .ok_or((WATCHED_INDEX_MAP, "missing".to_string()))?;
-        let mut array = Array::<_, u64>::try_from(map).map_err(|e| (WATCHED_INDEX_MAP, error_text(&e)))?;
+            .ok_or((WATCHED_INDEX_MAP, MapFailure::Missing))?;
+        let mut array = Array::<_, u64>::try_from(map).map_err(|e| (WATCHED_INDEX_MAP, e.into()))?;
         array
             .set(word, value, 0)
-            .map_err(|e| (WATCHED_INDEX_MAP, error_text(&e)))?;
+            .map_err(|e| (WATCHED_INDEX_MAP, e.into()))?;
         if sharing.len() == 1
             && let Some(map) = self.ebpf.map_mut(WATCHED_OVERFLOW_MAP)
             && let Ok(mut overflow) = BpfHashMap::<_, u32, u32>::try_from(map)
@@ -517,13 +563,19 @@ impl Probes {
     /// been reported. Its next switch-out must then report the interval
     /// (see `off_cpu_flag::SWITCH_IN_UNSEEN`).
     #[cfg(test)]
-    pub(super) fn forget_switch_in(&mut self, tid: u32, out_ts: u64) -> Result<(), String> {
-        let slot = self.watched.get(&tid).ok_or("not watched")?.slot;
-        let map = self.ebpf.map(WATCHED_MAP).ok_or("missing")?;
-        let slots = Array::<_, Plain<WatchedTask>>::try_from(map).map_err(|e| error_text(&e))?;
-        let Plain(mut entry) = slots.get(&slot, 0).map_err(|e| error_text(&e))?;
+    pub(super) fn forget_switch_in(&mut self, tid: u32, out_ts: u64) -> Result<(), MapFailure> {
+        let slot = self
+            .watched
+            .get(&tid)
+            .ok_or_else(|| MapFailure::Unexpected(format!("{tid} is not watched")))?
+            .slot;
+        let map = self.ebpf.map(WATCHED_MAP).ok_or(MapFailure::Missing)?;
+        let slots = Array::<_, Plain<WatchedTask>>::try_from(map)?;
+        let Plain(mut entry) = slots.get(&slot, 0)?;
         if entry.tid != tid || entry.state.out_ts != 0 {
-            return Err(format!("slot {slot} is not {tid} on a CPU: {entry:?}"));
+            return Err(MapFailure::Unexpected(format!(
+                "slot {slot} is not {tid} on a CPU: {entry:?}"
+            )));
         }
         entry.state.out_ts = out_ts;
         self.write_slot(slot, entry)
@@ -712,37 +764,34 @@ impl Probes {
 }
 
 /// Program `name` of the object as its type `T`.
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, ProgramFailure>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    ebpf.program_mut(name)
-        .ok_or_else(|| format!("program {name} missing from the object"))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| error_text(&e))
+    Ok(ebpf
+        .program_mut(name)
+        .ok_or_else(|| ProgramFailure::Missing(name.to_string()))?
+        .try_into()?)
 }
 
-fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, String> {
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProgramFailure> {
     program(ebpf, name)
 }
 
-fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), String> {
-    uprobe(ebpf, name)?.load().map_err(|e| error_text(&e))
+fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), ProgramFailure> {
+    Ok(uprobe(ebpf, name)?.load()?)
 }
 
-fn attach_btf_tracepoint(ebpf: &mut Ebpf, name: &str, event: &str, btf: &Btf) -> Result<(), String> {
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, name: &str, event: &str, btf: &Btf) -> Result<(), ProgramFailure> {
     let tracepoint: &mut BtfTracePoint = program(ebpf, name)?;
-    tracepoint.load(event, btf).map_err(|e| error_text(&e))?;
-    tracepoint.attach().map(drop).map_err(|e| error_text(&e))
+    tracepoint.load(event, btf)?;
+    Ok(tracepoint.attach().map(drop)?)
 }
 
-fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<(), String> {
+fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<(), ProgramFailure> {
     let tracepoint: &mut TracePoint = program(ebpf, name)?;
-    tracepoint.load().map_err(|e| error_text(&e))?;
-    tracepoint
-        .attach(category, event)
-        .map(drop)
-        .map_err(|e| error_text(&e))
+    tracepoint.load()?;
+    Ok(tracepoint.attach(category, event).map(drop)?)
 }
 
 /// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it;
@@ -766,16 +815,27 @@ fn raise_memlock() -> Option<std::io::Error> {
 
 /// A load failure's text with what to do about it: the privileges a
 /// permission error asks for, and the memlock limit when it was not raised
-/// and the failure is one it can cause (EPERM, ENOMEM).
-pub fn load_advice(mut text: String, memlock: Option<&std::io::Error>) -> String {
-    let denied = ["EPERM", "EACCES", "Operation not permitted", "Permission denied"]
-        .iter()
-        .any(|needle| text.contains(needle));
-    let no_memory = ["ENOMEM", "Cannot allocate memory"]
-        .iter()
-        .any(|needle| text.contains(needle));
+/// and the failure is one it can cause (EPERM, ENOMEM). The errno is taken
+/// from the first OS error in `cause`'s chain; the text is searched only
+/// where aya kept none (a verifier log).
+pub fn load_advice(
+    mut text: String,
+    cause: &(dyn std::error::Error + 'static),
+    memlock: Option<&std::io::Error>,
+) -> String {
+    let errno = os_error(cause);
+    let denied = matches!(errno, Some(libc::EPERM | libc::EACCES))
+        || (errno.is_none()
+            && ["EPERM", "EACCES", "Operation not permitted", "Permission denied"]
+                .iter()
+                .any(|needle| text.contains(needle)));
+    let no_memory = errno == Some(libc::ENOMEM)
+        || (errno.is_none()
+            && ["ENOMEM", "Cannot allocate memory"]
+                .iter()
+                .any(|needle| text.contains(needle)));
     if denied {
-        text.push_str(" (needs root, or CAP_BPF + CAP_PERFMON, and CAP_SYS_ADMIN for the uprobes)");
+        text.push_str(&format!(" ({})", super::PRIVILEGE_ADVICE));
     }
     if let Some(error) = memlock
         && (denied || no_memory)
@@ -785,6 +845,48 @@ pub fn load_advice(mut text: String, memlock: Option<&std::io::Error>) -> String
         ));
     }
     text
+}
+
+/// A failed object load as a [`ProbesError::Load`]. A map the kernel
+/// refused to create is not named: aya creates the maps in hash order, so
+/// the name would change from run to run while the cause (every map is
+/// refused alike) does not; aya's error, name included, stays the source.
+fn load_failure(error: aya::EbpfError, memlock: Option<&std::io::Error>) -> ProbesError {
+    let text = match &error {
+        aya::EbpfError::MapError(MapError::CreateError { io_error, .. }) => {
+            format!("the kernel refused to create the eBPF maps: {io_error}")
+        }
+        other => error_text(other),
+    };
+    ProbesError::Load {
+        message: load_advice(text, &error, memlock),
+        source: Box::new(error),
+    }
+}
+
+/// A failed uprobe attach's text; a permission error says what uprobes
+/// need beyond what the sched tracepoints do.
+fn uprobe_attach_text(error: &ProgramFailure) -> String {
+    let mut text = error_text(error);
+    if matches!(os_error(error), Some(libc::EPERM | libc::EACCES)) {
+        text.push_str(" (uprobes need root or CAP_SYS_ADMIN)");
+    }
+    text
+}
+
+/// The errno of the first `std::io::Error` in `error`'s chain.
+fn os_error(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(code) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return Some(code);
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// The process (tgid) of thread `tid`, from `/proc/<tid>/status`.
@@ -852,18 +954,44 @@ mod advice_tests {
 
     #[test]
     fn memlock_is_named_only_when_it_can_explain_the_failure() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("{0}")]
+        struct Text(&'static str);
+        #[derive(Debug, thiserror::Error)]
+        #[error("creating map events")]
+        struct Wrapped(#[source] std::io::Error);
         let refused = std::io::Error::from_raw_os_error(libc::EPERM);
-        let verifier = load_advice(
-            "the BPF_PROG_LOAD syscall failed: invalid argument".into(),
-            Some(&refused),
-        );
+        let verifier_text = "the BPF_PROG_LOAD syscall failed: invalid argument";
+        let verifier = load_advice(verifier_text.into(), &Text(verifier_text), Some(&refused));
         assert!(!verifier.contains("RLIMIT_MEMLOCK"), "{verifier}");
-        let enomem = load_advice("map events: Cannot allocate memory".into(), Some(&refused));
-        assert!(enomem.contains("RLIMIT_MEMLOCK"), "{enomem}");
-        let eperm = load_advice("creating map events: Operation not permitted".into(), None);
+        let enomem = Wrapped(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        let advice = load_advice("creating map events".into(), &enomem, Some(&refused));
+        assert!(advice.contains("RLIMIT_MEMLOCK"), "{advice}");
+        let eperm = Wrapped(std::io::Error::from_raw_os_error(libc::EPERM));
+        let advice = load_advice("creating map events".into(), &eperm, None);
         assert!(
-            eperm.contains("CAP_BPF + CAP_PERFMON") && !eperm.contains("RLIMIT_MEMLOCK"),
-            "{eperm}"
+            advice.contains("CAP_BPF + CAP_PERFMON") && !advice.contains("RLIMIT_MEMLOCK"),
+            "{advice}"
         );
+        // A refused map is not named (the order maps are created in varies),
+        // but the typed source still names it.
+        let refused_map = |name: &str| {
+            super::load_failure(
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+                    name: name.into(),
+                    io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+                }),
+                None,
+            )
+        };
+        let (a, b) = (refused_map("HITS"), refused_map("CPU_RUN"));
+        assert_eq!(a.to_string(), b.to_string());
+        assert!(!a.to_string().contains("HITS"), "{a}");
+        assert!(a.to_string().contains("CAP_BPF + CAP_PERFMON"), "{a}");
+        assert!(format!("{:?}", std::error::Error::source(&a)).contains("HITS"));
+        // The errno decides, not words in a message.
+        let einval = Wrapped(std::io::Error::from_raw_os_error(libc::EINVAL));
+        let advice = load_advice("map `Permission denied` creation failed".into(), &einval, None);
+        assert!(!advice.contains("CAP_BPF"), "{advice}");
     }
 }

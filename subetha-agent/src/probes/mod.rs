@@ -14,21 +14,21 @@
 //! * BTF tracepoints (`tp_btf`) on `sched_switch` and `sched_migrate_task`
 //!   (where the kernel has no BTF, classic tracepoints on those and on
 //!   `sched_wakeup`/`sched_wakeup_new`), filtered in the kernel by a map of
-//!   watched thread ids ([`Probes::watch`]), that report off-CPU intervals
+//!   watched thread ids ([`LoadedProbes::watch`]), that report off-CPU intervals
 //!   of a watched thread with their reason ([`OffCpuInterval`]; which ones
-//!   is set by [`Probes::set_off_cpu_filter`]) and each of its migrations.
+//!   is set by [`LoadedProbes::set_off_cpu_filter`]) and each of its migrations.
 //!   The BTF programs read `task_struct` fields at offsets found in the
 //!   kernel's BTF at load time, a woken thread's runqueue wait included.
 //!
 //! Events go through one ring buffer submitted without wakeups; the agent
-//! drains it on its own timer ([`Probes::drain_events`]). Events that did
-//! not fit are counted ([`Probes::losses`]).
+//! drains it on its own timer ([`LoadedProbes::drain_events`]). Events that did
+//! not fit are counted ([`LoadedProbes::losses`]).
 //!
-//! Probes are optional. Without the `probes` cargo feature (or when the
-//! build ran with `AYA_BUILD_SKIP=1`) [`Probes::load`] answers
+//! The probes are optional. Without the `probes` cargo feature (or when the
+//! build ran with `AYA_BUILD_SKIP=1`) [`LoadedProbes::load`] answers
 //! [`ProbesError::NotBuiltIn`]; on a host that does not allow eBPF it
 //! answers another error. Once loaded, every program and every attach
-//! succeeds or fails on its own: [`Probes::status`] says which.
+//! succeeds or fails on its own: [`LoadedProbes::status`] says which.
 
 mod events;
 
@@ -49,9 +49,9 @@ mod tests;
 
 pub use events::{OffCpuInterval, ProbeEvent, decode_event};
 #[cfg(all(feature = "probes", not(subetha_probes_skipped)))]
-pub use loader::Probes;
+pub use loader::LoadedProbes;
 #[cfg(not(all(feature = "probes", not(subetha_probes_skipped))))]
-pub use stub::Probes;
+pub use stub::LoadedProbes;
 
 /// Whether this build carries the eBPF object.
 pub const BUILT_IN: bool = cfg!(all(feature = "probes", not(subetha_probes_skipped)));
@@ -92,11 +92,11 @@ impl Role {
     }
 }
 
-/// Which scheduler programs [`Probes::load_with`] attaches.
+/// Which scheduler programs [`LoadedProbes::load_with`] attaches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SchedPrograms {
     /// The BTF tracepoints, each falling back to its classic tracepoint when
-    /// it cannot be loaded or attached (what [`Probes::load`] does).
+    /// it cannot be loaded or attached (what [`LoadedProbes::load`] does).
     #[default]
     Auto,
     /// Only the classic tracepoints (as on a kernel without BTF).
@@ -104,8 +104,8 @@ pub enum SchedPrograms {
 }
 
 /// Which off-CPU intervals of watched threads the kernel turns into events
-/// ([`Probes::set_off_cpu_filter`]); the others are only counted
-/// ([`Probes::off_cpu_filtered`]). An interval is reported when any
+/// ([`LoadedProbes::set_off_cpu_filter`]); the others are only counted
+/// ([`LoadedProbes::off_cpu_filtered`]). An interval is reported when any
 /// criterion holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OffCpuFilter {
@@ -198,22 +198,125 @@ impl HookHits {
     }
 }
 
+/// Linux capability numbers (`linux/capability.h`).
+pub mod cap {
+    /// `CAP_SYS_PTRACE`.
+    pub const SYS_PTRACE: u32 = 19;
+    /// `CAP_SYS_ADMIN`.
+    pub const SYS_ADMIN: u32 = 21;
+    /// `CAP_SYS_RESOURCE`.
+    pub const SYS_RESOURCE: u32 = 24;
+    /// `CAP_PERFMON` (Linux 5.8).
+    pub const PERFMON: u32 = 38;
+    /// `CAP_BPF` (Linux 5.8).
+    pub const BPF: u32 = 39;
+}
+
+/// What loading the probes needs, in one sentence (doctor and errors).
+pub const PRIVILEGE_ADVICE: &str = "needs root, or CAP_BPF + CAP_PERFMON (and CAP_SYS_ADMIN for the uprobes)";
+
+/// This process's effective uid and capabilities, as far as loading the
+/// probes is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Privileges {
+    /// Effective uid.
+    pub euid: u32,
+    /// The `CapEff` bit set of `/proc/self/status`.
+    pub effective: u64,
+}
+
+impl Privileges {
+    /// This process's.
+    pub fn of_this_process() -> Self {
+        let effective = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("CapEff:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            })
+            .unwrap_or(0);
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        Self { euid, effective }
+    }
+
+    /// Whether capability `bit` is effective.
+    pub fn has(&self, bit: u32) -> bool {
+        bit < 64 && self.effective & (1u64 << bit) != 0
+    }
+
+    /// Whether the kernel can let this process create eBPF maps and load
+    /// tracing programs: CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON.
+    /// Without either, every map creation fails with EPERM.
+    pub fn can_load(&self) -> bool {
+        self.has(cap::SYS_ADMIN) || (self.has(cap::BPF) && self.has(cap::PERFMON))
+    }
+
+    /// The capabilities among those the agent cares about that are
+    /// effective, by name.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (cap::SYS_PTRACE, "CAP_SYS_PTRACE"),
+            (cap::SYS_ADMIN, "CAP_SYS_ADMIN"),
+            (cap::PERFMON, "CAP_PERFMON"),
+            (cap::BPF, "CAP_BPF"),
+            (cap::SYS_RESOURCE, "CAP_SYS_RESOURCE"),
+        ]
+        .into_iter()
+        .filter(|(bit, _)| self.has(*bit))
+        .map(|(_, name)| name)
+        .collect()
+    }
+
+    /// `none`, or the effective capabilities [`names`](Self::names) lists.
+    pub fn describe(&self) -> String {
+        let names = self.names();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
+/// A cause kept with its type (aya's errors exist only in builds with the
+/// probes).
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why the probes could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbesError {
     /// This build has no eBPF object.
     #[error("probes not built in ({0})")]
     NotBuiltIn(&'static str),
+    /// This process lacks the capabilities (checked before trying, so the
+    /// answer names no map or program, whose creation order varies).
+    #[error(
+        "loading the eBPF probes failed: {PRIVILEGE_ADVICE}; uid {} has effective capabilities: {}",
+        .0.euid,
+        .0.describe()
+    )]
+    Privileges(Privileges),
     /// The object could not be loaded (no privileges, no BPF support, ...).
-    #[error("loading the eBPF probes failed: {0}")]
-    Load(String),
+    /// The message is complete on its own (log lines print only it);
+    /// `source` is aya's error, for callers that look deeper.
+    #[error("loading the eBPF probes failed: {message}")]
+    Load {
+        /// aya's error with its causes, and what to do about it.
+        message: String,
+        /// aya's error.
+        #[source]
+        source: BoxedError,
+    },
     /// A map the programs need is missing or unusable.
-    #[error("eBPF map {map}: {error}")]
+    #[error("eBPF map {map}: {source}")]
     Map {
         /// Map name.
         map: &'static str,
-        /// What went wrong.
-        error: String,
+        /// What went wrong (aya's map error, or what the object lacks).
+        #[source]
+        source: BoxedError,
     },
     /// The process has no object defining the hook symbols, or its
     /// executable and mappings could not be read.

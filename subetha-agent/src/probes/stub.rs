@@ -1,4 +1,4 @@
-//! [`Probes`] in a build without the eBPF object: loading always answers
+//! [`LoadedProbes`] in a build without the eBPF object: loading always answers
 //! [`ProbesError::NotBuiltIn`], so no value of the type ever exists and the
 //! other methods are unreachable. The API is the same as the real one, so
 //! callers need no cfg of their own.
@@ -15,18 +15,18 @@ const REASON: &str = if cfg!(feature = "probes") {
 
 /// The probes; cannot be loaded in this build.
 #[derive(Debug)]
-pub struct Probes {
+pub struct LoadedProbes {
     never: Infallible,
 }
 
-impl Probes {
+impl LoadedProbes {
     /// Always [`ProbesError::NotBuiltIn`].
-    pub fn load() -> Result<Probes, ProbesError> {
+    pub fn load() -> Result<LoadedProbes, ProbesError> {
         Err(ProbesError::NotBuiltIn(REASON))
     }
 
     /// Always [`ProbesError::NotBuiltIn`].
-    pub fn load_with(_sched: SchedPrograms) -> Result<Probes, ProbesError> {
+    pub fn load_with(_sched: SchedPrograms) -> Result<LoadedProbes, ProbesError> {
         Err(ProbesError::NotBuiltIn(REASON))
     }
 

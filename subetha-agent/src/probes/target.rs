@@ -30,12 +30,49 @@ pub struct HookObject {
     pub offsets: [Option<u64>; 4],
 }
 
+/// Why no object with the hooks was found in a process.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// `/proc/<pid>/exe` or `/proc/<pid>/maps` could not be read.
+    #[error("{}: {source}", .path.display())]
+    Proc {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No mapped object defines the hook symbols.
+    #[error("no mapped object defines the subetha hook symbols (looked in {})", .tried.join(", "))]
+    NoHooks {
+        /// The objects looked in, with why each could not be read.
+        tried: Vec<String>,
+    },
+}
+
+/// Why an object's symbols could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// The file could not be read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// It is larger than [`MAX_OBJECT_BYTES`].
+    #[error("{0} bytes, too large to read")]
+    TooLarge(u64),
+    /// It is not an object file `object` can parse.
+    #[error(transparent)]
+    Parse(#[from] object::Error),
+}
+
 /// Finds the object defining the hooks in process `pid`.
-pub fn find_hook_object(pid: u32) -> Result<HookObject, String> {
+pub fn find_hook_object(pid: u32) -> Result<HookObject, TargetError> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let exe_name = std::fs::read_link(&exe)
         .map(|p| p.display().to_string())
-        .map_err(|e| format!("{}: {e}", exe.display()))?;
+        .map_err(|source| TargetError::Proc {
+            path: exe.clone(),
+            source,
+        })?;
     let mut tried = Vec::new();
     match hook_offsets(&exe) {
         Ok(Some(offsets)) => {
@@ -49,7 +86,10 @@ pub fn find_hook_object(pid: u32) -> Result<HookObject, String> {
         Err(e) => tried.push(format!("{exe_name} ({e})")),
     }
     let maps_path = format!("/proc/{pid}/maps");
-    let maps = std::fs::read_to_string(&maps_path).map_err(|e| format!("{maps_path}: {e}"))?;
+    let maps = std::fs::read_to_string(&maps_path).map_err(|source| TargetError::Proc {
+        path: maps_path.clone().into(),
+        source,
+    })?;
     let mut seen = HashSet::new();
     seen.insert(exe_name.clone());
     for (range, file) in mapped_files(&maps) {
@@ -69,10 +109,7 @@ pub fn find_hook_object(pid: u32) -> Result<HookObject, String> {
             Err(e) => tried.push(format!("{file} ({e})")),
         }
     }
-    Err(format!(
-        "no mapped object defines the subetha hook symbols (looked in {})",
-        tried.join(", ")
-    ))
+    Err(TargetError::NoHooks { tried })
 }
 
 /// `(address range, path)` of each executable file mapping, in order.
@@ -91,13 +128,13 @@ fn mapped_files(maps: &str) -> impl Iterator<Item = (&str, &str)> {
 
 /// File offsets of the four hooks in the ELF object at `path`; `None`
 /// when it defines none of them.
-pub fn hook_offsets(path: &Path) -> Result<Option<[Option<u64>; 4]>, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+pub fn hook_offsets(path: &Path) -> Result<Option<[Option<u64>; 4]>, ObjectError> {
+    let size = std::fs::metadata(path)?.len();
     if size > MAX_OBJECT_BYTES {
-        return Err(format!("{size} bytes, too large to read"));
+        return Err(ObjectError::TooLarge(size));
     }
-    let data = std::fs::read(path).map_err(|e| e.to_string())?;
-    let file = object::File::parse(&*data).map_err(|e| e.to_string())?;
+    let data = std::fs::read(path)?;
+    let file = object::File::parse(&*data)?;
     let mut offsets = [None; 4];
     for (index, (_, symbol)) in subetha_probes::program::UPROBES.iter().enumerate() {
         offsets[index] = symbol_file_offset(&file, symbol);

@@ -30,8 +30,8 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// The probes, or `None` (with a message) where they cannot load and the
 /// environment does not require them.
-fn load_or_skip(test: &str) -> Option<Probes> {
-    match Probes::load() {
+fn load_or_skip(test: &str) -> Option<LoadedProbes> {
+    match LoadedProbes::load() {
         Ok(probes) => Some(probes),
         Err(error) => {
             if std::env::var("SUBETHA_REQUIRE_PROBES").is_ok_and(|v| v == "1") {
@@ -48,7 +48,7 @@ fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
-fn drain(probes: &mut Probes) -> Vec<ProbeEvent> {
+fn drain(probes: &mut LoadedProbes) -> Vec<ProbeEvent> {
     let mut events = Vec::new();
     while probes.drain_events(&mut events) > 0 {}
     events
@@ -418,7 +418,7 @@ struct SleeperRun {
 /// turn; returns what the probes reported for it and how long it slept.
 /// With `collider`, a second (nonexistent) tid sharing its index entry is
 /// watched too, so the kernel must find it through the overflow map.
-fn watch_a_sleeper(probes: &mut Probes, sleeps: &[Duration], collider: bool) -> SleeperRun {
+fn watch_a_sleeper(probes: &mut LoadedProbes, sleeps: &[Duration], collider: bool) -> SleeperRun {
     assert!(probes.sched_active(), "{:#?}", probes.status());
     let (tid_tx, tid_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -538,7 +538,7 @@ fn probes_classic_tracepoints_report_the_sleep_too() {
         return;
     };
     drop(probes);
-    probes = Probes::load_with(SchedPrograms::Classic).expect("the probes loaded once already");
+    probes = LoadedProbes::load_with(SchedPrograms::Classic).expect("the probes loaded once already");
     let status = probes.status();
     for (_, classic, category, event) in subetha_probes::program::TRACEPOINTS {
         assert!(
@@ -695,7 +695,7 @@ fn probes_classic_tracepoints_name_the_task_that_held_its_cpu_too() {
     if let Some(probes) = load_or_skip("probes_classic_tracepoints_name_the_task_that_held_its_cpu_too") {
         drop(probes);
         preempt_a_watched_thread(
-            Probes::load_with(SchedPrograms::Classic).expect("the probes loaded once already"),
+            LoadedProbes::load_with(SchedPrograms::Classic).expect("the probes loaded once already"),
         );
     }
 }
@@ -703,7 +703,7 @@ fn probes_classic_tracepoints_name_the_task_that_held_its_cpu_too() {
 /// A watched SCHED_FIFO thread is preempted by a higher-priority hog on its
 /// CPU for 50 ms: one interval naming the hog. Then the same again as if
 /// the kernel had not reported the thread's return.
-fn preempt_a_watched_thread(mut probes: Probes) {
+fn preempt_a_watched_thread(mut probes: LoadedProbes) {
     const HOG_WINDOW: Duration = Duration::from_millis(50);
     assert!(probes.sched_active(), "{:#?}", probes.status());
     let cpus = allowed_cpus();
@@ -913,5 +913,5 @@ fn probes_migrations_of_watched_threads_are_reported() {
 #[test]
 fn probes_are_send() {
     fn assert_send<T: Send>() {}
-    assert_send::<Probes>();
+    assert_send::<LoadedProbes>();
 }

@@ -105,29 +105,70 @@ fn parse_field_line(line: &str) -> Option<Field> {
     })
 }
 
-fn read_format(root: &Path, category: &str, event: &str) -> Result<Vec<Field>, String> {
+/// Why the sched tracepoints' record layout is unknown.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// A `format` file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// An event lacks a field.
+    #[error("{event}: no field {field}")]
+    NoField {
+        /// The event.
+        event: &'static str,
+        /// The field.
+        field: &'static str,
+    },
+    /// A field has a size the programs cannot read.
+    #[error("{event}: field {field} has size {size}, expected {expected:?}")]
+    Size {
+        /// The event.
+        event: &'static str,
+        /// The field.
+        field: &'static str,
+        /// Its size.
+        size: u32,
+        /// The sizes the programs read.
+        expected: &'static [u32],
+    },
+}
+
+fn read_format(root: &Path, category: &str, event: &str) -> Result<Vec<Field>, LayoutError> {
     let path = root.join("events").join(category).join(event).join("format");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(&path).map_err(|source| LayoutError::Read { path, source })?;
     Ok(parse_format(&text))
 }
 
-fn field(fields: &[Field], event: &str, name: &str, sizes: &[u32]) -> Result<Field, String> {
-    let field = fields
+fn field(
+    fields: &[Field],
+    event: &'static str,
+    name: &'static str,
+    sizes: &'static [u32],
+) -> Result<Field, LayoutError> {
+    let found = fields
         .iter()
         .find(|f| f.name == name)
-        .ok_or_else(|| format!("{event}: no field {name}"))?;
-    if !sizes.contains(&field.size) {
-        return Err(format!(
-            "{event}: field {name} has size {}, expected {sizes:?}",
-            field.size
-        ));
+        .ok_or(LayoutError::NoField { event, field: name })?;
+    if !sizes.contains(&found.size) {
+        return Err(LayoutError::Size {
+            event,
+            field: name,
+            size: found.size,
+            expected: sizes,
+        });
     }
-    Ok(field.clone())
+    Ok(found.clone())
 }
 
 /// The sched programs' configuration from the four `format` files, with
 /// `enabled` set.
-pub fn sched_config(root: &Path) -> Result<SchedConfig, String> {
+pub fn sched_config(root: &Path) -> Result<SchedConfig, LayoutError> {
     let switch = read_format(root, "sched", "sched_switch")?;
     let wakeup = read_format(root, "sched", "sched_wakeup")?;
     let wakeup_new = read_format(root, "sched", "sched_wakeup_new")?;
@@ -141,7 +182,7 @@ pub fn sched_config_from(
     wakeup: &[Field],
     wakeup_new: &[Field],
     migrate: &[Field],
-) -> Result<SchedConfig, String> {
+) -> Result<SchedConfig, LayoutError> {
     let prev_state = field(switch, "sched_switch", "prev_state", &[4, 8])?;
     Ok(SchedConfig {
         enabled: 1,
@@ -235,7 +276,7 @@ print fmt: \"prev_comm=%s prev_pid=%d\", REC->prev_comm, REC->prev_pid
             (12, 20, 24)
         );
         let error = sched_config_from(&switch, &switch, &wakeup, &migrate).unwrap_err();
-        assert!(error.contains("sched_wakeup"), "{error}");
+        assert!(error.to_string().contains("sched_wakeup"), "{error}");
     }
 
     #[test]

@@ -50,15 +50,14 @@ pub const TEST_PANIC_ENV: &str = "SUBETHA_TOP_TEST_PANIC";
 /// Arguments of `subetha-agent top`.
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
-    /// Address of the running agent.
-    #[arg(long, default_value = "127.0.0.1:9464", conflicts_with = "attach")]
-    pub addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub agent: crate::client::AgentArgs,
     /// Refresh period (rates are computed over it).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
     /// Run an agent in this process instead of asking a running one (needs
     /// the privileges `run` needs; no other agent may be draining).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["addr", "auth_token_file"])]
     pub attach: bool,
     /// With --attach: only these processes (repeatable).
     #[arg(long = "pid", requires = "attach")]
@@ -128,7 +127,7 @@ pub fn run(args: TopArgs) -> Result<()> {
             }
         }
     } else {
-        Box::new(HttpSource::new(args.addr))
+        Box::new(HttpSource::new(args.agent.client()?))
     };
     let description = source.describe();
     let result = Fetcher::start(source, args.interval).and_then(|fetcher| {

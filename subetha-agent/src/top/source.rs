@@ -3,7 +3,6 @@
 //! from a [`Fetcher`] thread, so a slow or dead agent never freezes the
 //! screen or the keyboard.
 
-use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -25,25 +24,27 @@ pub trait SnapshotSource: Send {
 
 /// A running agent's `/api/v1/snapshot`.
 pub struct HttpSource {
-    addr: SocketAddr,
+    agent: client::AgentClient,
 }
 
 impl HttpSource {
-    /// Polls the agent serving on `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        Self { addr }
+    /// Polls `agent`.
+    pub fn new(agent: client::AgentClient) -> Self {
+        Self { agent }
     }
 }
 
 impl SnapshotSource for HttpSource {
     fn fetch(&mut self) -> Result<AgentSnapshot> {
-        let body = client::get(self.addr, "/api/v1/snapshot")
-            .with_context(|| format!("no agent answering on {}", self.addr))?;
+        let body = self
+            .agent
+            .get("/api/v1/snapshot")
+            .with_context(|| format!("no agent answering on {}", self.agent.addr()))?;
         serde_json::from_str(&body).context("the agent sent an unreadable snapshot")
     }
 
     fn describe(&self) -> String {
-        self.addr.to_string()
+        self.agent.addr().to_string()
     }
 
     fn stop_grace(&self) -> Duration {
@@ -235,7 +236,9 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let error = HttpSource::new(addr).fetch().unwrap_err();
+        let error = HttpSource::new(client::AgentClient::new(addr, None))
+            .fetch()
+            .unwrap_err();
         assert!(format!("{error:#}").contains(&addr.to_string()), "{error:#}");
     }
 }
