@@ -137,7 +137,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, now: Instant) {
             ),
         },
     }
-    frame.render_widget(Paragraph::new(status_line(app, now)), status);
+    frame.render_widget(Paragraph::new(status_line(app, now, status.width)), status);
     frame.render_widget(
         Paragraph::new(Line::styled(
             " q quit  ? help  Tab panel  ↑↓ select  Enter open  Esc back  s sort  o ops  c contention  w p99 wait  d drops",
@@ -180,7 +180,9 @@ fn title_line(app: &App) -> Line<'static> {
     ])
 }
 
-fn status_line(app: &App, now: Instant) -> Line<'static> {
+/// The connection state, then as many of the agent's fields as fit in
+/// `width` whole (a field is left out, never cut).
+fn status_line(app: &App, now: Instant, width: u16) -> Line<'static> {
     let mut spans = Vec::new();
     match &app.connection {
         Connection::Connecting => spans.push(Span::styled(format!(" connecting to {} ", app.source), DIM)),
@@ -215,15 +217,26 @@ fn status_line(app: &App, now: Instant) -> Line<'static> {
     }
     if let Some(snapshot) = &app.snapshot {
         let a = &snapshot.agent;
-        spans.push(Span::raw(format!(
-            "│ agent pid {} │ scans {} │ scan interval {}µs │ probes: {} ({} events, {} lost)",
-            a.pid,
-            a.scans,
-            a.scan_interval_us,
-            truncate(&a.probes, 32),
-            count(a.probe_events),
-            count(a.probe_losses)
-        )));
+        let fields = [
+            format!("│ agent pid {} ", a.pid),
+            format!("│ scans {} ", a.scans),
+            format!("│ scan interval {}µs ", a.scan_interval_us),
+            format!(
+                "│ probes: {} ({} events, {} lost)",
+                truncate(&a.probes, 32),
+                count(a.probe_events),
+                count(a.probe_losses)
+            ),
+        ];
+        let mut used: usize = spans.iter().map(Span::width).sum();
+        for field in fields {
+            let field = Span::raw(field);
+            if used + field.width() > usize::from(width) {
+                break;
+            }
+            used += field.width();
+            spans.push(field);
+        }
     }
     Line::from(spans)
 }

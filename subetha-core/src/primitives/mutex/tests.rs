@@ -483,7 +483,12 @@ fn contended_locks_are_sampled_at_the_level_too() {
 #[test]
 fn a_park_reports_its_wake_up_not_its_wait() {
     let name = unique("adaptive-wake");
-    let raw = RawMutex::register(crate::primitives::adaptive::KIND, Some(&name), Location::caller(), true);
+    let raw = RawMutex::register(
+        crate::primitives::adaptive::KIND,
+        Some(&name),
+        Location::caller(),
+        true,
+    );
     let m = Arc::new(Mutex::from_raw(raw, 0u32));
     // Park at once.
     set_sampling(&m, PolicyWord::default().with_spin_ns(0).with_spin_pinned(true));
