@@ -28,6 +28,11 @@
 //! from below them in that order (`tests/module_layers.rs` checks it).
 
 pub mod clock;
+/// With the count schedule it follows.
+#[cfg(loom)]
+#[path = "primitives/counting.rs"]
+#[allow(dead_code)]
+mod counting;
 pub mod hooks;
 pub mod instance_id;
 pub mod observation;

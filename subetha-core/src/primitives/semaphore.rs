@@ -19,7 +19,8 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use super::sampling::{Sampler, next_thread_op};
+use super::{CONTENDED, MISS, PolicyWord, Probe, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;

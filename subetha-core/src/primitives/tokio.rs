@@ -16,7 +16,8 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 
-use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use super::sampling::{Sampler, next_thread_op};
+use super::{CONTENDED, MISS, PolicyWord, Probe, since};
 use super::{mutex, rwlock, semaphore};
 use crate::clock;
 use crate::registry::InstanceKind;

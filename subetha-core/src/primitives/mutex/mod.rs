@@ -25,7 +25,7 @@
 //! the lock.
 //!
 //! Nothing of the bookkeeping runs inside the hold: counts are decided after
-//! the release, and hold sampling before the acquisition (see `HOLD_DRAW`).
+//! the release, and hold sampling before the acquisition (see `raw::DRAWS`).
 //! Any work inside even an occasional hold (one `rdtsc` in every 64th) can tip
 //! two threads sharing a lock from alternating into colliding; the `contended`
 //! group's `…/50+100ns/2` rows of `benches/primitives.rs` show the lock
@@ -77,10 +77,8 @@ use std::time::{Duration, Instant};
 use lock_api::GuardNoSend;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
 
-use super::{
-    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, draw_paid, held, holder, next_hold_random,
-    unobserved_lock_drops_draw,
-};
+use super::sampling::{HoldDraw, Sampler};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, held, holder};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;

@@ -147,41 +147,24 @@ pub(super) const PENDING_SITE: u8 = 0b10_0000;
 /// [`RawMutex::release`]), not the bare atomic add.
 pub(super) const PENDING_PARKED: u8 = 0b100_0000;
 
-/// Uncontended `lock`s per draw of the hold sampler (see `HOLD_DRAW`).
+/// Uncontended `lock`s per draw of the hold sampler (see [`DRAWS`]).
 pub(super) const HOLD_SAMPLE_EVERY: u32 = COUNT_BATCH;
 
-thread_local! {
-    /// A draw of the hold sampler this thread owes, as its weight (0: none).
-    ///
-    /// Hold sampling is decided *before* the `lock bts`, so a sampled hold's
-    /// first clock reading is taken before the lock is, and nothing is
-    /// added to the hold but two stores. Nothing of the lock can decide it
-    /// then (its count is only known once the lock is taken, and reading
-    /// its line before the `lock bts` slows a hammered lock), and a
-    /// per-thread countdown costs every `lock` a store, which a hammered lock
-    /// pays for in throughput (the `contended` group's `…/hammer` rows). So
-    /// the draws are scheduled by
-    /// the locks' counts: a thread whose release ends a batch of
-    /// [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any mutex) owes
-    /// a draw with weight [`HOLD_SAMPLE_EVERY`], and its next `lock`, of
-    /// whichever mutex, pays it: sampled with probability weight / level of
-    /// that mutex. Draws thus come at one per [`HOLD_SAMPLE_EVERY`]
-    /// uncontended `lock`s, and each mutex is sampled at its level in
-    /// expectation. A mutex with a finer level leaves a draw of weight 1
-    /// owed, so the thread's next `lock` draws again, with probability
-    /// 1 / level: exact for a thread that keeps taking that mutex, lower
-    /// (down to 1 in [`HOLD_SAMPLE_EVERY`]) while it takes others. A
-    /// `lock` of an unmeasured mutex pays no draw. [`FIRST_DRAW`] until the
-    /// thread's first `lock` of a measured one.
-    pub(super) static HOLD_DRAW: Cell<u32> = const { Cell::new(FIRST_DRAW) };
-}
-
-/// `HOLD_DRAW` of a thread that has locked no measured mutex yet: its
-/// first `lock` of one draws with weight 1. An unmeasured mutex that finds
-/// it clears it, so a thread that takes only unmeasured mutexes reads one
-/// thread-local per `lock` and no more; a draw that counts left, it
-/// leaves for a while (see [`unobserved_lock_drops_draw`]).
-pub(super) const FIRST_DRAW: u32 = u32::MAX;
+/// This thread's draw of the mutexes' hold sampler ([`HoldDraw`]).
+///
+/// Hold sampling is decided *before* the `lock bts`, so a sampled hold's
+/// first clock reading is taken before the lock is, and nothing is
+/// added to the hold but two stores. Nothing of the lock can decide it
+/// then (its count is only known once the lock is taken, and reading
+/// its line before the `lock bts` slows a hammered lock), and a
+/// per-thread countdown costs every `lock` a store, which a hammered lock
+/// pays for in throughput (the `contended` group's `…/hammer` rows). So
+/// the draws are scheduled by the locks' counts: a thread whose release
+/// ends a batch of [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any
+/// mutex) owes a draw with weight [`HOLD_SAMPLE_EVERY`], and its next
+/// `lock`, of whichever mutex, pays it. A `lock` of an unmeasured mutex
+/// pays no draw.
+pub(super) const DRAWS: HoldDraw = HoldDraw::MUTEX;
 
 /// Reports the uncontended `lock`s no count covers yet, before the probe
 /// (dropped after this) unregisters the instance.
@@ -480,7 +463,7 @@ impl RawMutex {
     /// operation count instead.
     #[inline(always)]
     pub(super) fn sample_reported(&self, now: u64) {
-        let n = crate::primitives::next_thread_op();
+        let n = crate::primitives::sampling::next_thread_op();
         if n & self.sampler.check_mask() == 0 {
             self.sample_or_refresh(n, now);
         }
@@ -544,7 +527,7 @@ impl RawMutex {
         (self.state.load(Ordering::Relaxed) & COUNT_BITS).wrapping_add(count) & COUNT_BITS
     }
 
-    /// The `lock` that pays the draw this thread owes (see [`HOLD_DRAW`]):
+    /// The `lock` that pays the draw this thread owes (see [`DRAWS`]):
     /// draws with weight `weight`, then takes the lock, sampled or not. A
     /// sampled hold begins at a reading taken before the `lock bts`, or at
     /// the end of the wait.
@@ -554,9 +537,7 @@ impl RawMutex {
         if self.unmeasured() {
             // Nothing to sample; a draw a measured mutex's count left
             // stays for the next measured `lock`, for a while.
-            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
-                HOLD_DRAW.with(|draw| draw.set(0));
-            }
+            DRAWS.pass_by(weight);
             if self.lock_fast() {
                 self.acquired_plain(site);
             } else {
@@ -564,13 +545,7 @@ impl RawMutex {
             }
             return;
         }
-        draw_paid();
-        let weight = if weight == FIRST_DRAW { 1 } else { weight };
-        let mask = self.sampler.mask();
-        // Probability weight / level (certain once the weight covers it).
-        let sampled = mask != Sampler::OFF && next_hold_random() & mask < weight;
-        let fine = mask != Sampler::OFF && mask < HOLD_SAMPLE_EVERY - 1;
-        HOLD_DRAW.with(|draw| draw.set(if fine { 1 } else { 0 }));
+        let sampled = DRAWS.pay(weight, self.sampler.mask(), HOLD_SAMPLE_EVERY);
         if !sampled {
             if self.lock_fast() {
                 self.acquired_plain(site);
@@ -615,7 +590,10 @@ impl RawMutex {
             self.lock_slow(0, Spin::Untimed, None);
             return;
         }
-        let sampled = sampled || self.sampler.wants_sample(crate::primitives::next_thread_op());
+        let sampled = sampled
+            || self
+                .sampler
+                .wants_sample(crate::primitives::sampling::next_thread_op());
         // Interned before the wait, so it is not part of the measured wait.
         let site_id = self.probe.site_id(site);
         let start = clock::ticks();
@@ -880,13 +858,7 @@ impl RawMutex {
             self.probe.emit(op::LOCK, COUNT, u64::from(covers));
         }
         if count.ends_a_batch() && !self.unmeasured() {
-            HOLD_DRAW.with(|draw| {
-                // (`FIRST_DRAW` only until the thread's first measured
-                // `lock`, which comes before any count.)
-                if draw.get() == 0 || draw.get() == FIRST_DRAW {
-                    draw.set(HOLD_SAMPLE_EVERY);
-                }
-            });
+            DRAWS.owe_batch(HOLD_SAMPLE_EVERY);
         }
         if count.refresh_due() {
             self.refresh_policy();
@@ -1039,7 +1011,7 @@ impl RawMutex {
         // Nothing of the lock is read before the `lock bts` (a load of its
         // line there costs a hammered lock its exclusive ownership), and
         // nothing is stored but the lock word.
-        let draw = HOLD_DRAW.with(Cell::get);
+        let draw = DRAWS.owed();
         if draw != 0 {
             self.lock_drawing_a_sample(draw, site);
             return;

@@ -2,6 +2,7 @@
 //! parked bits, then a count of uncontended `lock`s, and the wake token.
 
 use super::*;
+use crate::primitives::counting;
 
 /// The lock word's bits: `parking_lot`'s two, then the count.
 pub(super) const LOCKED_BIT: u16 = 0b01;
@@ -45,7 +46,7 @@ pub(super) const PAUSES_PER_POLL: u32 = 4;
 /// Uncontended `lock`s per count observation once a lock is past its first
 /// 64 (see the module docs). A power of two that divides the lock word's
 /// count range.
-pub const COUNT_BATCH: u32 = 64;
+pub const COUNT_BATCH: u32 = crate::primitives::counting::BATCH as u32;
 const _: () = assert!(COUNT_BATCH.is_power_of_two() && COUNT_BATCH <= COUNT_MAX as u32 + 1);
 
 /// The lock word's count of uncontended `lock`s (modulo 2^14), read from the
@@ -81,23 +82,14 @@ impl LockCount {
     /// `self.0 + 1`-th of the word's count) ends a count: the 1st, 2nd,
     /// 4th … 64th of the lock's life, then every [`COUNT_BATCH`]th.
     /// Returns how many `lock`s the count covers.
+    /// (The [`counting`] schedule, on the
+    /// word's count.)
     pub(super) fn due(self) -> Option<u32> {
-        let nth = u32::from(self.0) % COUNT_BATCH + 1;
-        if nth == COUNT_BATCH {
-            Some(if self.young() {
-                COUNT_BATCH / 2
-            } else {
-                COUNT_BATCH
-            })
-        } else if self.young() && nth.is_power_of_two() {
-            Some(nth - nth / 2)
-        } else {
-            None
-        }
+        counting::count_ending_at(u64::from(self.0) + 1).map(|n| n as u32)
     }
 
     /// Whether the `lock` taken at this count is the last of a batch of
-    /// [`COUNT_BATCH`] (it schedules a hold-sampler draw, see `HOLD_DRAW`).
+    /// [`COUNT_BATCH`] (it schedules a hold-sampler draw, see [`HoldDraw`]).
     pub(super) fn ends_a_batch(self) -> bool {
         u32::from(self.0) % COUNT_BATCH == COUNT_BATCH - 1
     }
@@ -110,15 +102,7 @@ impl LockCount {
 
     /// How many of the `lock`s counted so far no count covers yet.
     pub(super) fn uncounted(self) -> u32 {
-        let done = u32::from(self.0) % COUNT_BATCH;
-        if !self.young() {
-            done
-        } else if done == 0 {
-            0
-        } else {
-            // The last count ended at the highest power of two ≤ done.
-            done - (1 << done.ilog2())
-        }
+        counting::uncounted(u64::from(self.0)) as u32
     }
 
     /// The count after one more `lock`.

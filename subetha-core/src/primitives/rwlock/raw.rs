@@ -188,7 +188,7 @@ impl RawRwLock {
     /// thread-local read, and out of line the draw this thread owes.
     #[inline(always)]
     pub(super) fn ticket(&self) -> Ticket {
-        let weight = RW_HOLD_DRAW.with(Cell::get);
+        let weight = DRAWS.owed();
         if weight != 0 {
             self.drawn_ticket(weight)
         } else {
@@ -201,23 +201,15 @@ impl RawRwLock {
     /// once the weight covers it), its clock read now, before the lock is
     /// taken. A lock sampled finer than a count's batch leaves the next
     /// acquisition a draw of weight 1.
-    /// An unobserved lock pays no draw (see
-    /// [`unobserved_lock_drops_draw`]).
+    /// An unobserved lock pays no draw ([`HoldDraw::pass_by`]).
     #[cold]
     #[inline(never)]
-    pub(super) fn drawn_ticket(&self, weight: u64) -> Ticket {
+    pub(super) fn drawn_ticket(&self, weight: u32) -> Ticket {
         if self.observed.is_none() {
-            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
-                RW_HOLD_DRAW.with(|draw| draw.set(0));
-            }
+            DRAWS.pass_by(weight);
             return Ticket::REPORTED;
         }
-        draw_paid();
-        let weight = if weight == FIRST_DRAW { 1 } else { weight };
-        let mask = self.sampler.mask();
-        let fine = mask != Sampler::OFF && u64::from(mask) < BATCH - 1;
-        RW_HOLD_DRAW.with(|draw| draw.set(u64::from(fine)));
-        let sampled = mask != Sampler::OFF && u64::from(next_hold_random() & mask) < weight;
+        let sampled = DRAWS.pay(weight, self.sampler.mask(), BATCH as u32);
         Ticket {
             start: if sampled { clock::ticks().max(1) } else { 0 },
             rebias: !self.bias.load(Ordering::Relaxed),
@@ -254,12 +246,7 @@ impl RawRwLock {
     #[inline(never)]
     pub(super) fn emit_count(&self, op: u16, covered: u64) {
         self.probe.emit(op, COUNT, covered);
-        RW_HOLD_DRAW.with(|draw| {
-            // (`FIRST_DRAW` only until the thread's first acquisition of an
-            // observed lock, which comes before any count of one.)
-            let owed = if draw.get() == FIRST_DRAW { 1 } else { draw.get() };
-            draw.set(owed.saturating_add(covered).min(FIRST_DRAW - 1));
-        });
+        DRAWS.owe(u32::try_from(covered).unwrap_or(u32::MAX));
         self.refresh_policy();
     }
 
