@@ -49,6 +49,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering, OwnerLoad};
 
+#[cfg(not(loom))]
 pub use super::counting::BATCH;
 use super::counting::{count_ending_at, uncounted};
 /// Counting slots (and owned stripes per `OpCounts`).

@@ -75,7 +75,7 @@ use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_api::GuardNoSend;
-use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
+use parking_lot_core::SpinWait;
 
 use super::sampling::{HoldDraw, Sampler};
 use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, held, holder};
@@ -106,6 +106,7 @@ pub mod op {
     pub const PARK: u16 = 4;
 }
 
+mod protocol;
 mod raw;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! [`RawMutex`]: the lock protocol on the lock [`word`] and
 //! `parking_lot_core`'s parking lot, with its observations.
 
+use super::protocol::{self, ParkingLot, Unparked};
 use super::word::*;
 use super::*;
 
@@ -259,27 +260,13 @@ impl RawMutex {
     /// free lock in its slow path: the same outcome.)
     #[inline(always)]
     pub(super) fn lock_fast(&self) -> bool {
-        self.state.fetch_or(LOCKED_BIT, Ordering::Acquire) & LOCKED_BIT == 0
+        protocol::lock_fast(&self.state)
     }
 
     /// Takes the lock if it is free, parked threads or not.
     #[inline]
     pub(super) fn try_lock_raw(&self) -> bool {
-        let mut state = self.state.load(Ordering::Relaxed);
-        loop {
-            if state & LOCKED_BIT != 0 {
-                return false;
-            }
-            match self.state.compare_exchange_weak(
-                state,
-                state | LOCKED_BIT,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => state = now,
-            }
-        }
+        protocol::try_lock(&self.state)
     }
 
     /// `parking_lot`'s release: with threads parked, wakes one while the
@@ -293,11 +280,9 @@ impl RawMutex {
     /// The caller holds the lock.
     #[inline(always)]
     pub(super) unsafe fn unlock_raw(&self, fair: bool, count: u16) -> u16 {
-        if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
-            return self.unlock_slow(fair, count);
-        }
-        // SAFETY: forwarded: the caller holds the lock.
-        unsafe { self.add_release(count) }
+        protocol::unlock(&ParkingLot, self.key(), &self.state, fair, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// Releases the lock in one atomic add that also adds `count` to the
@@ -315,16 +300,9 @@ impl RawMutex {
     /// The caller holds the lock.
     #[inline(always)]
     pub(super) unsafe fn add_release(&self, count: u16) -> u16 {
-        // LOCKED_BIT is set, so adding `count - LOCKED_BIT` clears it and
-        // carries nothing into PARKED_BIT: one `lock xadd`, whose Release
-        // publishes the critical section.
-        let before = self
-            .state
-            .fetch_add(count.wrapping_sub(LOCKED_BIT), Ordering::Release);
-        if before & PARKED_BIT != 0 {
-            self.wake_one_released();
-        }
-        before
+        protocol::release(&ParkingLot, self.key(), &self.state, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// The lock word's count (for tests: only meaningful while the lock is
@@ -339,64 +317,21 @@ impl RawMutex {
     /// woken thread can measure its wake-up ([`op::PARK`]'s latency, the
     /// park cost its policy weighs). Read in `parking_lot_core`'s
     /// callback, under the queue lock, just before the wake-up call.
-    pub(super) fn wake_token(&self, result: &UnparkResult, handoff: bool) -> UnparkToken {
-        let sent = if self.adaptive && result.unparked_threads != 0 {
+    pub(super) fn wake_token(&self, result: &Unparked, handoff: bool) -> usize {
+        let sent = if self.adaptive && result.unparked {
             // Never 0 (0 = no reading): a tick count of exactly 0 reads 1.
             ((clock::ticks() as usize & TOKEN_TICKS_MASK).max(1)) << 1
         } else {
             0
         };
-        UnparkToken(sent | if handoff { TOKEN_HANDOFF_BIT } else { 0 })
+        sent | if handoff { TOKEN_HANDOFF_BIT } else { 0 }
     }
 
-    /// Wakes one parked thread after a release that found PARKED_BIT set
-    /// (a thread parked during the hold); clears the bit if nobody else
-    /// waits.
-    ///
-    /// When `parking_lot_core` says this wake-up is due to be fair (about
-    /// every 0.5 ms), the callback takes the lock back for the woken thread
-    /// if it is still free and hands it over locked, as `unlock_slow`
-    /// would. If another thread took it in the meantime, the woken thread
-    /// competes as after any other wake-up, and the next holder, which
-    /// finds PARKED_BIT set when it takes the lock, releases through
-    /// `unlock_slow`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn wake_one_released(&self) {
-        let addr = self as *const Self as usize;
-        let callback = |result: UnparkResult| {
-            // Atomic updates: the lock is free or someone else's now. A
-            // thread about to park re-validates the word under the queue
-            // lock, after this callback, so it cannot park on a cleared bit.
-            let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
-            if result.unparked_threads != 0 && result.be_fair {
-                let mut state = self.state.load(Ordering::Relaxed);
-                while state & LOCKED_BIT == 0 {
-                    // Acquire: the woken thread's hold follows whatever
-                    // holder released the lock last; the unpark's own
-                    // synchronisation carries that on to the woken thread.
-                    match self.state.compare_exchange_weak(
-                        state,
-                        (state & !PARKED_BIT) | parked | LOCKED_BIT,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    ) {
-                        Ok(_) => return self.wake_token(&result, true),
-                        Err(now) => state = now,
-                    }
-                }
-            }
-            if parked == 0 {
-                self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
-            }
-            self.wake_token(&result, false)
-        };
-        // SAFETY: `addr` is this lock's address (see `lock_slow`); the
-        // callback only updates the lock word and does not panic or call
-        // into `parking_lot_core`.
-        unsafe {
-            parking_lot_core::unpark_one(addr, callback);
-        }
+    /// The lock's key in the parking lot: its address, which only it parks
+    /// and unparks on.
+    #[inline(always)]
+    pub(super) fn key(&self) -> usize {
+        self as *const Self as usize
     }
 
     /// Right after an uncontended `lock`: `pending` is already
@@ -673,126 +608,31 @@ impl RawMutex {
         }
     }
 
-    /// `parking_lot`'s lock slow path with a choice of spin. `start` is a
-    /// tick reading taken just before the call.
-    ///
-    /// The wait's end (`at`) is read just before each load of the lock
-    /// word, not after a load finds the lock free: between that load and
-    /// the compare-and-swap that takes the lock nothing else runs, so the
-    /// clock read neither delays the hand-over nor lands in the critical
-    /// section. A compare-and-swap that loses a race keeps the reading of
-    /// the load before it, so a wait can read short by that one attempt.
+    /// `parking_lot`'s lock slow path ([`protocol::lock_slow`]) with this
+    /// lock's choice of spin and its clock readings ([`Waiting`]). `start`
+    /// is a tick reading taken just before the call.
     pub(super) fn lock_slow(&self, start: u64, spin: Spin, deadline: Option<Instant>) -> Slow {
-        let timed = !matches!(spin, Spin::Untimed);
-        let tick = || if timed { clock::ticks() } else { 0 };
-        let mut spinwait = SpinWait::new();
-        let mut parked = false;
-        let mut woken_after = 0;
-        let mut at = start;
-        let mut state = self.state.load(Ordering::Relaxed);
-        loop {
-            // Take the lock if it is free, even if others are parked.
-            if state & LOCKED_BIT == 0 {
-                match self.state.compare_exchange_weak(
-                    state,
-                    state | LOCKED_BIT,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        return Slow {
-                            acquired: true,
-                            parked,
-                            at,
-                            woken_after,
-                        };
-                    }
-                    Err(now) => state = now,
-                }
-                continue;
-            }
-            let spin_more = match spin {
-                Spin::ParkingLot | Spin::Untimed => {
-                    state & PARKED_BIT == 0 && spinwait.spin() && {
-                        at = tick();
-                        true
-                    }
-                }
-                Spin::Until(until) => {
-                    for _ in 0..PAUSES_PER_POLL {
-                        hint::spin_loop();
-                    }
-                    // One reading for both the budget and the wait's end.
-                    at = clock::ticks();
-                    at < until
-                }
-            };
-            if spin_more {
-                state = self.state.load(Ordering::Relaxed);
-                continue;
-            }
-            // Announce a parked thread, then park. Counted in `parkers`
-            // first: the Release below publishes the count with the bit.
-            self.parkers.fetch_add(1, Ordering::Relaxed);
-            if state & PARKED_BIT == 0
-                && let Err(now) = self.state.compare_exchange_weak(
-                    state,
-                    state | PARKED_BIT,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                )
-            {
-                self.parkers.fetch_sub(1, Ordering::Relaxed);
-                state = now;
-                continue;
-            }
-            let addr = self as *const Self as usize;
-            let validate = || self.state.load(Ordering::Relaxed) & !COUNT_BITS == LOCKED_BIT | PARKED_BIT;
-            let timed_out = |_, was_last_thread| {
-                // Clear the parked bit if we were the last parked thread.
-                if was_last_thread {
-                    self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
-                }
-            };
-            // SAFETY: `addr` is this lock's address, which only this lock
-            // parks and unparks on; `validate` and `timed_out` only touch
-            // the lock word (they neither panic nor call into
-            // `parking_lot_core`), and the empty `before_sleep` does not
-            // park.
-            let result = unsafe {
-                parking_lot_core::park(addr, validate, || {}, timed_out, DEFAULT_PARK_TOKEN, deadline)
-            };
-            self.parkers.fetch_sub(1, Ordering::Relaxed);
-            at = tick();
-            match result {
-                ParkResult::Unparked(token) => {
-                    parked = true;
-                    if let Some(ticks) = wake_ticks(token, at) {
-                        woken_after = ticks;
-                    }
-                    // The unlocking thread handed the lock over, still locked.
-                    if token.0 & TOKEN_HANDOFF_BIT != 0 {
-                        return Slow {
-                            acquired: true,
-                            parked,
-                            at,
-                            woken_after,
-                        };
-                    }
-                }
-                ParkResult::Invalid => {}
-                ParkResult::TimedOut => {
-                    parked = true;
-                    return Slow {
-                        acquired: false,
-                        parked,
-                        at,
-                        woken_after,
-                    };
-                }
-            }
-            spinwait.reset();
-            state = self.state.load(Ordering::Relaxed);
+        let mut wait = Waiting {
+            timed: !matches!(spin, Spin::Untimed),
+            spin,
+            spinwait: SpinWait::new(),
+            parked: false,
+            woken_after: 0,
+            at: start,
+        };
+        let acquired = protocol::lock_slow(
+            &ParkingLot,
+            self.key(),
+            &self.state,
+            &self.parkers,
+            deadline,
+            &mut wait,
+        );
+        Slow {
+            acquired,
+            parked: wait.parked,
+            at: wait.at,
+            woken_after: wait.woken_after,
         }
     }
 
@@ -806,34 +646,9 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn unlock_slow(&self, force_fair: bool, count: u16) -> u16 {
-        let addr = self as *const Self as usize;
-        let mut replaced = 0;
-        let callback = |result: UnparkResult| {
-            // Plain stores, as in `parking_lot`: the lock is still ours and
-            // the queue is locked, so the one concurrent change is a waiter
-            // setting PARKED_BIT before it parks, and its park re-validates
-            // the word under the queue lock after this callback. (Another
-            // thread's `lock bts` finds the bit set and changes nothing; an
-            // earlier holder's `wake_one_released` runs under the same
-            // queue lock.) The count bits are only changed by the holder.
-            replaced = self.state.load(Ordering::Relaxed);
-            let counted = (replaced & COUNT_BITS).wrapping_add(count);
-            let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
-            if result.unparked_threads != 0 && (force_fair || result.be_fair) {
-                // Keep the lock locked for the woken thread.
-                self.state.store(counted | parked | LOCKED_BIT, Ordering::Relaxed);
-                return self.wake_token(&result, true);
-            }
-            self.state.store(counted | parked, Ordering::Release);
-            self.wake_token(&result, false)
-        };
-        // SAFETY: `addr` is this lock's address (see `lock_slow`); the
-        // callback only stores to the lock word and a local, and does not
-        // panic or call into `parking_lot_core`.
-        unsafe {
-            parking_lot_core::unpark_one(addr, callback);
-        }
-        replaced
+        protocol::unlock_slow(&ParkingLot, self.key(), &self.state, force_fair, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// After a release that counted one uncontended `lock`: from the word
@@ -1056,6 +871,68 @@ impl RawMutex {
             self.pending.set(PENDING_QUIET);
         }
         acquired
+    }
+}
+
+/// A waiting `lock`'s spin policy and clock readings, for
+/// [`protocol::lock_slow`]. The wait's end (`at`) is read just before each
+/// load of the lock word, not after a load finds the lock free: between that
+/// load and the compare-and-swap that takes the lock nothing else runs, so
+/// the clock read neither delays the hand-over nor lands in the critical
+/// section. A compare-and-swap that loses a race keeps the reading of the
+/// load before it, so a wait can read short by that one attempt.
+pub(super) struct Waiting {
+    /// Whether the wait reads the clock at all.
+    timed: bool,
+    spin: Spin,
+    spinwait: SpinWait,
+    /// Whether the thread parked.
+    parked: bool,
+    /// The last wake-up's latency, from the token's clock reading.
+    woken_after: u64,
+    /// The last clock reading.
+    at: u64,
+}
+
+impl Waiting {
+    fn tick(&self) -> u64 {
+        if self.timed { clock::ticks() } else { 0 }
+    }
+}
+
+impl protocol::Wait for Waiting {
+    fn spin(&mut self, state: u16) -> bool {
+        match self.spin {
+            Spin::ParkingLot | Spin::Untimed => {
+                state & PARKED_BIT == 0 && self.spinwait.spin() && {
+                    self.at = self.tick();
+                    true
+                }
+            }
+            Spin::Until(until) => {
+                for _ in 0..PAUSES_PER_POLL {
+                    hint::spin_loop();
+                }
+                // One reading for both the budget and the wait's end.
+                self.at = clock::ticks();
+                self.at < until
+            }
+        }
+    }
+
+    fn parked(&mut self, how: protocol::Parked) {
+        self.at = self.tick();
+        match how {
+            protocol::Parked::Woken(token) => {
+                self.parked = true;
+                if let Some(ticks) = wake_ticks(token, self.at) {
+                    self.woken_after = ticks;
+                }
+            }
+            protocol::Parked::TimedOut => self.parked = true,
+            protocol::Parked::Invalid => {}
+        }
+        self.spinwait.reset();
     }
 }
 

@@ -1,28 +1,11 @@
 //! The lock word of [`RawMutex`]: `parking_lot`'s lock and
 //! parked bits, then a count of uncontended `lock`s, and the wake token.
 
-use super::*;
 use crate::primitives::counting;
 
-/// The lock word's bits: `parking_lot`'s two, then the count.
-pub(super) const LOCKED_BIT: u16 = 0b01;
-/// Some thread is (or may be) parked on the lock.
-pub(super) const PARKED_BIT: u16 = 0b10;
-/// Bits 2–15 of the lock word: the uncontended `lock`s released so far,
-/// modulo 2^14. A plain hold's release adds [`COUNT_ONE`] in the same
-/// atomic operation that clears [`LOCKED_BIT`], so counting costs the
-/// fast path no store of its own. Only the lock holder changes them.
-pub(super) const COUNT_SHIFT: u32 = 2;
-/// One uncontended `lock` in the lock word.
-pub(super) const COUNT_ONE: u16 = 1 << COUNT_SHIFT;
-/// The count bits of the lock word.
-pub(super) const COUNT_BITS: u16 = !(LOCKED_BIT | PARKED_BIT);
-/// The largest count the lock word holds; the next `lock` wraps it to 0.
-pub(super) const COUNT_MAX: u16 = COUNT_BITS >> COUNT_SHIFT;
-/// Unpark token bit: the lock was handed to the woken thread, still
-/// locked (clear: try to take it again). The token's other bits carry, for
-/// an adaptive lock, the waker's clock (see [`RawMutex::wake_token`]).
-pub(super) const TOKEN_HANDOFF_BIT: usize = 1;
+pub(super) use super::protocol::{
+    COUNT_BITS, COUNT_MAX, COUNT_ONE, COUNT_SHIFT, LOCKED_BIT, PARKED_BIT, TOKEN_HANDOFF_BIT,
+};
 /// The clock bits of an unpark token (the tick reading, truncated).
 pub(super) const TOKEN_TICKS_MASK: usize = usize::MAX >> 1;
 
@@ -30,8 +13,8 @@ pub(super) const TOKEN_TICKS_MASK: usize = usize::MAX >> 1;
 /// least 1; `None` if it carries none, or if `now` reads before it (clocks
 /// of two CPUs out of step). Wraps with the token's width, which only a
 /// 32-bit target (2^31 ticks, under a second) could reach.
-pub(super) fn wake_ticks(token: UnparkToken, now: u64) -> Option<u64> {
-    let sent = token.0 >> 1;
+pub(super) fn wake_ticks(token: usize, now: u64) -> Option<u64> {
+    let sent = token >> 1;
     if sent == 0 {
         return None;
     }
