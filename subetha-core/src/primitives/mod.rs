@@ -374,26 +374,26 @@ fn process_entry(id: u32) -> Option<&'static crate::segment::InstanceEntry> {
 /// the policy word. `None` when unobserved (const-constructed, or the
 /// instance table was full).
 #[derive(Debug)]
-pub(crate) struct Probe {
+pub(crate) struct Registration {
     instance: Option<Instance>,
 }
 
-impl Probe {
+impl Registration {
     /// An unobserved primitive.
-    pub(crate) const NONE: Probe = Probe { instance: None };
+    pub(crate) const NONE: Registration = Registration { instance: None };
 
     /// Registers an instance of `kind` named `name`, or after `site`.
     pub(crate) fn register(
         kind: InstanceKind,
         name: Option<&str>,
         site: &'static Location<'static>,
-    ) -> Probe {
+    ) -> Registration {
         let name = match name.map(sanitize_name) {
             Some(name) if !name.is_empty() => name,
             _ => site_name(site),
         };
         match Instance::register(kind, &name) {
-            Ok(instance) => Probe {
+            Ok(instance) => Registration {
                 instance: Some(instance),
             },
             Err(error) => {
@@ -401,7 +401,7 @@ impl Probe {
                 WARNED.call_once(|| {
                     tracing::warn!(%error, kind = kind.name, %name, "subetha: primitive left unobserved");
                 });
-                Probe::NONE
+                Registration::NONE
             }
         }
     }
@@ -453,12 +453,12 @@ impl Probe {
     }
 }
 
-/// A [`Probe`]'s instance id, copied out of the primitive.
+/// A [`Registration`]'s instance id, copied out of the primitive.
 #[derive(Clone, Copy)]
 pub(crate) struct Emitter(Option<NonZeroU32>);
 
 impl Emitter {
-    /// [`Probe::emit`].
+    /// [`Registration::emit`].
     #[inline(always)]
     pub(crate) fn emit(self, op_kind: u16, flags: u16, latency_ticks: u64) {
         self.emit_sites(op_kind, flags, latency_ticks, SiteWord::NONE);
@@ -522,7 +522,7 @@ pub(crate) fn since(start: u64) -> u64 {
 }
 
 /// A hold's length in ticks from `start` to `ended` (0: until now).
-pub(crate) fn held(start: u64, ended: u64) -> u64 {
+pub(crate) fn hold_ticks(start: u64, ended: u64) -> u64 {
     if ended == 0 {
         since(start)
     } else {

@@ -13,7 +13,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::LocalKey;
 
-use super::{PolicyWord, Probe, REFRESH_EVERY, SLOW_PATH_REFRESH_NS, spin};
+use super::{PolicyWord, REFRESH_EVERY, Registration, SLOW_PATH_REFRESH_NS, spin};
 
 /// What one primitive caches of its policy word (the hold-sampling level
 /// and, for adaptive locks, the spin budget) and when a slow path last
@@ -83,14 +83,14 @@ impl Sampler {
 
     /// Operation `n`'s out-of-line bookkeeping, for a primitive that
     /// samples by the thread's operation number: re-reads the policy word
-    /// from `probe` when `n` is due, then returns the start of the hold
+    /// from `registration` when `n` is due, then returns the start of the hold
     /// sample `n` begins (`now`, or the clock now when `now` is 0), or 0
     /// when `n` is not sampled.
     #[cold]
     #[inline(never)]
-    pub(crate) fn bookkeeping(&self, probe: &Probe, n: u32, now: u64) -> u64 {
+    pub(crate) fn bookkeeping(&self, registration: &Registration, n: u32, now: u64) -> u64 {
         if Self::wants_refresh(n) {
-            self.apply(probe.policy_word());
+            self.apply(registration.policy_word());
         }
         if !self.wants_sample(n) {
             0

@@ -1,5 +1,5 @@
 //! [`LatencyHistogram`]: log-linear buckets of latencies in ticks, and the
-//! [`Quantiles`] read from them.
+//! [`LatencyQuantiles`] read from them.
 
 use super::*;
 
@@ -227,8 +227,8 @@ impl LatencyHistogram {
     }
 
     /// p50, p90, p99, p99.9 and max (all 0 if empty).
-    pub fn quantiles(&self) -> Quantiles {
-        Quantiles {
+    pub fn quantiles(&self) -> LatencyQuantiles {
+        LatencyQuantiles {
             p50: self.value_at_quantile(0.5),
             p90: self.value_at_quantile(0.9),
             p99: self.value_at_quantile(0.99),
@@ -259,7 +259,7 @@ impl LatencyHistogram {
     /// the representative of the highest non-empty window bucket, capped at
     /// `self.max()`. `min` likewise (exact when `self.min() < earlier.min()`,
     /// else the representative of the lowest non-empty bucket, raised to at
-    /// least `self.min()`). Quantiles of the result keep the
+    /// least `self.min()`). LatencyQuantiles of the result keep the
     /// [`Self::MAX_RELATIVE_ERROR`] bound.
     pub fn saturating_sub(&self, earlier: &LatencyHistogram) -> Self {
         let mut out = Self::new();
@@ -335,9 +335,9 @@ impl fmt::Debug for LatencyHistogram {
 
 /// Summary quantiles of a latency distribution: ticks (`T = u64`) as
 /// returned by [`LatencyHistogram::quantiles`], or whatever unit
-/// [`Quantiles::map`] converts them to.
+/// [`LatencyQuantiles::map`] converts them to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Quantiles<T = u64> {
+pub struct LatencyQuantiles<T = u64> {
     /// Median.
     pub p50: T,
     /// 90th percentile.
@@ -350,10 +350,10 @@ pub struct Quantiles<T = u64> {
     pub max: T,
 }
 
-impl<T> Quantiles<T> {
+impl<T> LatencyQuantiles<T> {
     /// Applies `f` to every field, e.g. `q.map(|ticks| calib.ticks_to_ns(ticks))`.
-    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Quantiles<U> {
-        Quantiles {
+    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> LatencyQuantiles<U> {
+        LatencyQuantiles {
             p50: f(self.p50),
             p90: f(self.p90),
             p99: f(self.p99),

@@ -25,7 +25,7 @@
 //!   exact `max`. The exact quantile is the sample at 1-based rank
 //!   `ceil(q · count)` (at least 1), the same definition `hdrhistogram` uses.
 //! * **Out of range.** Values above `HIGHEST_TRACKABLE` are counted in the top
-//!   bucket; `max` (and `sum`) still record the exact value. Quantiles that fall
+//!   bucket; `max` (and `sum`) still record the exact value. LatencyQuantiles that fall
 //!   among such clamped values are not covered by the error bound (they are
 //!   reported inside the top bucket, or as `max` at rank `count`).
 //! * **Recording** ([`LatencyHistogram::record`]) is branch-free apart from
@@ -69,7 +69,7 @@
 //!
 //! Latencies are stored in raw ticks. Conversion to nanoseconds is a
 //! presentation concern of the caller (it owns the TSC calibration); see
-//! [`Quantiles::map`].
+//! [`LatencyQuantiles::map`].
 
 use std::fmt;
 
@@ -81,7 +81,7 @@ mod tests;
 mod threads;
 mod window;
 
-pub use histogram::{Bucket, LatencyHistogram, Quantiles};
+pub use histogram::{Bucket, LatencyHistogram, LatencyQuantiles};
 pub use instance::InstanceStats;
 pub use op::{MaxLatency, OpStats};
 pub use threads::DistinctThreads;

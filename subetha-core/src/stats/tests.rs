@@ -271,7 +271,7 @@ fn empty_and_edge_quantiles() {
     assert!(h.is_empty());
     assert_eq!(h.value_at_quantile(0.5), 0);
     assert_eq!((h.min(), h.max(), h.mean()), (0, 0, 0.0));
-    assert_eq!(h.quantiles(), Quantiles::default());
+    assert_eq!(h.quantiles(), LatencyQuantiles::default());
     h.record(1000);
     for q in [-1.0, 0.0, 0.5, 1.0, 2.0, f64::NAN, f64::INFINITY] {
         assert_eq!(h.value_at_quantile(q), 1000, "q={q}");
@@ -373,7 +373,7 @@ fn saturating_sub_gives_window() {
 
 #[test]
 fn quantiles_map_converts_units() {
-    let q = Quantiles {
+    let q = LatencyQuantiles {
         p50: 30,
         p90: 60,
         p99: 90,
@@ -383,7 +383,7 @@ fn quantiles_map_converts_units() {
     let ns = q.map(|ticks| ticks as f64 / 3.0);
     assert_eq!(
         ns,
-        Quantiles {
+        LatencyQuantiles {
             p50: 10.0,
             p90: 20.0,
             p99: 30.0,

@@ -97,7 +97,7 @@ pub struct OpRates {
     pub misses_per_sec: f64,
     /// Latency quantiles (ticks) of the window, `None` if no latency was
     /// recorded in it.
-    pub latency: Option<Quantiles>,
+    pub latency: Option<LatencyQuantiles>,
     /// See [`OpDelta::new_max_latency`].
     pub new_max_latency: Option<MaxLatency>,
 }
@@ -120,7 +120,7 @@ pub struct WindowRates {
     /// Observations with an invalid op kind per second.
     pub invalid_per_sec: f64,
     /// Latency quantiles (ticks) of the window over all op kinds.
-    pub latency: Option<Quantiles>,
+    pub latency: Option<LatencyQuantiles>,
     /// `(op_kind, max)` if the all-time maximum latency was raised during
     /// the window.
     pub new_max_latency: Option<(u16, MaxLatency)>,

@@ -78,7 +78,7 @@ use lock_api::GuardNoSend;
 use parking_lot_core::SpinWait;
 
 use super::sampling::{HoldDraw, Sampler};
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, held, holder};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Registration, hold_ticks, holder};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;

@@ -55,7 +55,7 @@ pub(super) enum Spin {
 ///
 /// | bytes | fields | written by |
 /// |---|---|---|
-/// | 0–15 | `sampler`, `probe`, `adaptive` | nearly nobody (a policy change) |
+/// | 0–15 | `sampler`, `registration`, `adaptive` | nearly nobody (a policy change) |
 /// | 16–31 | `hold_start`, `wait_high`, `sites` | the holder of a sampled hold, of a wait, or of a hold begun while threads were parked |
 /// | 32–39 (+ data) | `wait`, `pending`, `parkers`, `state` | acquisitions that are not plain uncontended `lock`s, parking waiters, and every release |
 ///
@@ -77,7 +77,7 @@ pub(super) enum Spin {
 #[repr(C)]
 pub struct RawMutex {
     pub(super) sampler: Sampler,
-    pub(super) probe: Probe,
+    pub(super) registration: Registration,
     /// Spin before parking with the budget from the policy word.
     pub(super) adaptive: bool,
     /// Ticks when a sampled hold began (valid with [`PENDING_SAMPLED`]).
@@ -167,13 +167,13 @@ pub(super) const HOLD_SAMPLE_EVERY: u32 = COUNT_BATCH;
 /// pays no draw.
 pub(super) const DRAWS: HoldDraw = HoldDraw::MUTEX;
 
-/// Reports the uncontended `lock`s no count covers yet, before the probe
+/// Reports the uncontended `lock`s no count covers yet, before the registration
 /// (dropped after this) unregisters the instance.
 impl Drop for RawMutex {
     fn drop(&mut self) {
         let rest = LockCount::of_word(*self.state.get_mut()).uncounted();
         if rest != 0 {
-            self.probe.emit(op::LOCK, COUNT, u64::from(rest));
+            self.registration.emit(op::LOCK, COUNT, u64::from(rest));
         }
     }
 }
@@ -187,7 +187,7 @@ unsafe impl Sync for RawMutex {}
 impl fmt::Debug for RawMutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawMutex")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .field("adaptive", &self.adaptive)
             .field("locked", &self.is_locked_raw())
             .finish()
@@ -196,13 +196,13 @@ impl fmt::Debug for RawMutex {
 
 impl RawMutex {
     pub(super) const fn unobserved(adaptive: bool) -> Self {
-        Self::with_probe(Probe::NONE, adaptive)
+        Self::with_probe(Registration::NONE, adaptive)
     }
 
-    pub(super) const fn with_probe(probe: Probe, adaptive: bool) -> Self {
+    pub(super) const fn with_probe(registration: Registration, adaptive: bool) -> Self {
         Self {
             sampler: Sampler::new(),
-            probe,
+            registration,
             adaptive,
             hold_start: Cell::new(0),
             wait_high: Cell::new(0),
@@ -219,7 +219,7 @@ impl RawMutex {
     /// stored in its holds but the lock word.
     #[inline]
     pub(super) fn unmeasured(&self) -> bool {
-        self.probe.id().is_none() && !self.adaptive
+        self.registration.id().is_none() && !self.adaptive
     }
 
     /// A raw mutex registered as an instance of `kind`.
@@ -229,14 +229,14 @@ impl RawMutex {
         site: &'static Location<'static>,
         adaptive: bool,
     ) -> Self {
-        let raw = Self::with_probe(Probe::register(kind, name, site), adaptive);
+        let raw = Self::with_probe(Registration::register(kind, name, site), adaptive);
         raw.refresh_policy();
         raw
     }
 
     /// The instance id, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Re-reads the policy word now and returns it. Done every
@@ -245,7 +245,7 @@ impl RawMutex {
     /// [`SLOW_PATH_REFRESH_NS`](crate::primitives::SLOW_PATH_REFRESH_NS), and every
     /// `REFRESH_EVERY` of a thread's other operations on the lock.
     pub fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -387,7 +387,7 @@ impl RawMutex {
     pub(super) fn release_slowly(&self, site: &'static Location<'static>) {
         let mut pending = self.pending.get() | PENDING_PARKED;
         if pending & PENDING_SITE == 0 {
-            self.sites.set(SiteWord::own(self.probe.site_id(site)).0);
+            self.sites.set(SiteWord::own(self.registration.site_id(site)).0);
             pending |= PENDING_SITE;
         }
         self.pending.set(pending);
@@ -409,7 +409,7 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn sample_or_refresh(&self, n: u32, now: u64) {
-        let start = self.sampler.bookkeeping(&self.probe, n, now);
+        let start = self.sampler.bookkeeping(&self.registration, n, now);
         if start != 0 {
             self.hold_start.set(start);
             self.pending.set(self.pending.get() | PENDING_SAMPLED);
@@ -440,7 +440,7 @@ impl RawMutex {
     /// [`crate::primitives::holder`]). Read while holding the lock.
     #[inline]
     pub(super) fn waited_sites(&self, site: u16) -> u32 {
-        let holder = match self.probe.id() {
+        let holder = match self.registration.id() {
             Some(id) => holder::holder(id, self.state.load(Ordering::Relaxed) & COUNT_BITS),
             None => 0,
         };
@@ -451,7 +451,7 @@ impl RawMutex {
     /// that leaves the lock word's count at `count_after`.
     #[inline]
     pub(super) fn stamp_holder(&self, site: u16, count_after: u16) {
-        if let Some(id) = self.probe.id() {
+        if let Some(id) = self.registration.id() {
             holder::stamp(id, site, count_after);
         }
     }
@@ -491,7 +491,7 @@ impl RawMutex {
         }
         // A sampled hold's site is known, so its release can stamp it for
         // the next waiter (interned before the lock is taken).
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         // An adaptive lock's policy needs the critical section alone: it reads
         // the clock once the lock is taken. (Read before the `lock bts`, a
         // hammered lock's samples would include the wait for the lock word's
@@ -530,7 +530,7 @@ impl RawMutex {
                 .sampler
                 .wants_sample(crate::primitives::sampling::next_thread_op());
         // Interned before the wait, so it is not part of the measured wait.
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -556,7 +556,7 @@ impl RawMutex {
         }
         self.pending.set(pending);
         if parked && self.adaptive {
-            self.probe.emit_at(op::PARK, CONTENDED, woken_after, site);
+            self.registration.emit_at(op::PARK, CONTENDED, woken_after, site);
         }
     }
 
@@ -568,7 +568,7 @@ impl RawMutex {
         if self.unmeasured() {
             return self.lock_slow(0, Spin::Untimed, deadline).acquired;
         }
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -586,9 +586,12 @@ impl RawMutex {
                 now,
             );
         } else {
-            self.probe
-                .emitter()
-                .emit_sites(op::TRY_LOCK, CONTENDED | MISS, waited, SiteWord::own(site_id));
+            self.registration.emitter().emit_sites(
+                op::TRY_LOCK,
+                CONTENDED | MISS,
+                waited,
+                SiteWord::own(site_id),
+            );
         }
         acquired
     }
@@ -664,13 +667,13 @@ impl RawMutex {
     }
 
     /// [`counted`](Self::counted)'s rare part, run after the release: only
-    /// the probe (never written after construction; `&self` keeps the
+    /// the registration (never written after construction; `&self` keeps the
     /// mutex alive for the call) and the atomics of the policy cache.
     #[cold]
     #[inline(never)]
     pub(super) fn count_or_refresh(&self, count: LockCount) {
         if let Some(covers) = count.due() {
-            self.probe.emit(op::LOCK, COUNT, u64::from(covers));
+            self.registration.emit(op::LOCK, COUNT, u64::from(covers));
         }
         if count.ends_a_batch() && !self.unmeasured() {
             DRAWS.owe_batch(HOLD_SAMPLE_EVERY);
@@ -750,7 +753,7 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn emit_hold(&self, start: u64, ended: u64) {
-        self.probe.emit(op::UNLOCK, 0, held(start, ended));
+        self.registration.emit(op::UNLOCK, 0, hold_ticks(start, ended));
     }
 
     /// [`release`](Self::release) of a hold whose acquisition was not a
@@ -802,7 +805,7 @@ impl RawMutex {
         if plain {
             self.counted(replaced);
         }
-        let emitter = self.probe.emitter();
+        let emitter = self.registration.emitter();
         if let Some((op, flags, latency)) = acquisition {
             // A waited acquisition carries its sites; a `try_lock` that
             // got the lock at once neither waited nor missed.
@@ -814,7 +817,7 @@ impl RawMutex {
             emitter.emit_sites(op, flags, latency, sites);
         }
         if let Some(start) = hold_start {
-            emitter.emit(op::UNLOCK, 0, held(start, ended));
+            emitter.emit(op::UNLOCK, 0, hold_ticks(start, ended));
         }
     }
 
@@ -845,7 +848,7 @@ impl RawMutex {
             self.acquired(Acquired::TryLock, 0);
             true
         } else {
-            self.probe.emit_at(op::TRY_LOCK, MISS, 0, site);
+            self.registration.emit_at(op::TRY_LOCK, MISS, 0, site);
             false
         }
     }

@@ -309,12 +309,12 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     #[track_caller]
     fn lock_upgradable(&self) {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::READ, 0, 0);
+            self.registration.emit(op::READ, 0, 0);
         } else {
             let site = Location::caller();
             let start = clock::ticks();
             self.inner.lock_upgradable();
-            self.probe.emit_at(op::READ, CONTENDED, since(start), site);
+            self.registration.emit_at(op::READ, CONTENDED, since(start), site);
         }
     }
 
@@ -323,9 +323,10 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     fn try_lock_upgradable(&self) -> bool {
         let acquired = self.inner.try_lock_upgradable();
         if acquired {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
         } else {
-            self.probe.emit_at(op::TRY_READ, MISS, 0, Location::caller());
+            self.registration
+                .emit_at(op::TRY_READ, MISS, 0, Location::caller());
         }
         acquired
     }
@@ -407,13 +408,13 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
     #[track_caller]
     fn try_lock_upgradable_for(&self, timeout: Duration) -> bool {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
             return true;
         }
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_for(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe
+        self.registration
             .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }
@@ -422,13 +423,13 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
     #[track_caller]
     fn try_lock_upgradable_until(&self, timeout: Instant) -> bool {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
             return true;
         }
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_until(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe
+        self.registration
             .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }

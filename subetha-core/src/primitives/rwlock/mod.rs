@@ -97,7 +97,7 @@ use super::held::{HoldRecord, Records, hold_records};
 use super::op_counts::{BATCH, OpCounts};
 use super::reader_bias::{self, BiasPolicy, RevokeWait};
 use super::sampling::{HoldDraw, Sampler, next_thread_op};
-use super::{CONTENDED, COUNT, MISS, PolicyWord, Probe, since};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Registration, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;

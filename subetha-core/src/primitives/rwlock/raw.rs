@@ -61,7 +61,7 @@ pub(super) struct Observed {
 ///
 /// | bytes | fields | read | written |
 /// |---|---|---|---|
-/// | 0–15 | `sampler`, `probe`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes; a policy refresh, at most once a millisecond |
+/// | 0–15 | `sampler`, `registration`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes; a policy refresh, at most once a millisecond |
 /// | 16–31 | `observed` | every operation | never |
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
@@ -73,7 +73,7 @@ pub(super) struct Observed {
 #[repr(C)]
 pub struct RawRwLock {
     pub(super) sampler: Sampler,
-    pub(super) probe: Probe,
+    pub(super) registration: Registration,
     /// Set: reads may take the lock through their thread's reader slot,
     /// without touching the lock word (see [`reader_bias`]). Only ever
     /// set on an observed lock, by a reader holding the word shared.
@@ -109,7 +109,7 @@ const _: () = {
 };
 
 /// Reports the uncontended `read`s and `write`s no count covers yet,
-/// before the probe (dropped after this) unregisters the instance.
+/// before the registration (dropped after this) unregisters the instance.
 impl Drop for RawRwLock {
     fn drop(&mut self) {
         let Some(observed) = self.observed.as_mut() else {
@@ -119,7 +119,7 @@ impl Drop for RawRwLock {
         let [read, write] = observed.counts.take_uncounted();
         for (op, rest) in [(op::READ, read), (op::WRITE, write)] {
             if rest != 0 {
-                self.probe.emit(op, COUNT, rest);
+                self.registration.emit(op, COUNT, rest);
             }
         }
     }
@@ -128,7 +128,7 @@ impl Drop for RawRwLock {
 impl fmt::Debug for RawRwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawRwLock")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .field("locked", &self.inner.is_locked())
             .finish()
     }
@@ -141,22 +141,22 @@ impl RawRwLock {
             _spare: [0; 8],
             bias: AtomicBool::new(false),
             sampler: Sampler::new(),
-            probe: Probe::NONE,
+            registration: Registration::NONE,
             observed: None,
         }
     }
 
     pub(super) fn register(name: Option<&str>, site: &'static Location<'static>) -> Self {
-        let probe = Probe::register(KIND, name, site);
+        let registration = Registration::register(KIND, name, site);
         // A lock the instance table had no room for stays unobserved.
-        let observed = probe.id().map(|_| {
+        let observed = registration.id().map(|_| {
             Box::new(Observed {
                 counts: OpCounts::new(),
                 bias_policy: BiasPolicy::new(),
             })
         });
         let mut raw = Self::unobserved();
-        raw.probe = probe;
+        raw.registration = registration;
         raw.observed = observed;
         raw.refresh_policy();
         raw
@@ -164,12 +164,12 @@ impl RawRwLock {
 
     /// The instance id, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Re-reads the policy word now and returns it.
     pub fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -236,7 +236,8 @@ impl RawRwLock {
     /// hold's start (`now` if the acquisition read the clock, else the
     /// clock now) or 0.
     pub(super) fn sample_reported(&self, now: u64) -> u64 {
-        self.sampler.bookkeeping(&self.probe, next_thread_op(), now)
+        self.sampler
+            .bookkeeping(&self.registration, next_thread_op(), now)
     }
 
     /// Pushes a count, out of line so the acquisition stays short; leaves
@@ -245,7 +246,7 @@ impl RawRwLock {
     #[cold]
     #[inline(never)]
     pub(super) fn emit_count(&self, op: u16, covered: u64) {
-        self.probe.emit(op, COUNT, covered);
+        self.registration.emit(op, COUNT, covered);
         DRAWS.owe(u32::try_from(covered).unwrap_or(u32::MAX));
         self.refresh_policy();
     }
@@ -428,7 +429,7 @@ impl RawRwLock {
         match self.exclude_biased_readers(Revocation::Wait) {
             Ok(0) => self.acquired_exclusive(op, 0, 0, ticket, 0),
             waited => {
-                let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
+                let sites = SiteWord::own(self.registration.site_id(Location::caller())).0;
                 with_wait_sites(sites, || {
                     self.acquired_exclusive(op, CONTENDED, waited.unwrap_or(1), ticket, 0)
                 });
@@ -586,13 +587,14 @@ impl RawRwLock {
         match (report.op, report.flags) {
             (0, _) => {}
             (op, 0) if op == S::PLAIN => self.count(counts, op),
-            (op, flags) => self
-                .probe
-                .emitter()
-                .emit_sites(op, flags, report.latency, SiteWord(report.sites)),
+            (op, flags) => {
+                self.registration
+                    .emitter()
+                    .emit_sites(op, flags, report.latency, SiteWord(report.sites))
+            }
         }
         if report.hold_start != 0 {
-            self.probe.emit(S::UNLOCK, 0, since(report.hold_start));
+            self.registration.emit(S::UNLOCK, 0, since(report.hold_start));
         }
     }
 
@@ -607,7 +609,7 @@ impl RawRwLock {
     /// After a write hold's release (or downgrade): counts an uncontended
     /// `write`; else reports this thread's record of the hold. `counts`
     /// was read before the release, so nothing here reads the lock's own
-    /// line but the probe of a push.
+    /// line but the registration of a push.
     #[inline(always)]
     pub(super) fn report_write_end(&self, counts: Option<&OpCounts<2>>) {
         if Writes.held() == 0 {
@@ -665,7 +667,7 @@ impl RawRwLock {
             return;
         }
         // Interned before the wait, so it is not part of the measured wait.
-        let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
+        let sites = SiteWord::own(self.registration.site_id(Location::caller())).0;
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -700,7 +702,7 @@ impl RawRwLock {
             }
             return acquired;
         }
-        let sites = SiteWord::own(self.probe.site_id(Location::caller()));
+        let sites = SiteWord::own(self.registration.site_id(Location::caller()));
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -716,7 +718,7 @@ impl RawRwLock {
                 self.acquired_shared(op, CONTENDED, waited, ticket, now)
             }),
             (false, _) => self
-                .probe
+                .registration
                 .emitter()
                 .emit_sites(op, CONTENDED | MISS, waited, sites),
         }
@@ -729,7 +731,7 @@ impl RawRwLock {
         if acquired {
             self.acquired_shared(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit_at(op, MISS, 0, Location::caller());
+            self.registration.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }
@@ -740,7 +742,7 @@ impl RawRwLock {
         if acquired {
             self.acquired_exclusive(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit_at(op, MISS, 0, Location::caller());
+            self.registration.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }
