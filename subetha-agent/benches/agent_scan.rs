@@ -216,7 +216,7 @@ impl Rig {
         let mut rig = Self {
             fillers,
             drainers,
-            batch: vec![Observation::ZERO; subetha_core::drain::BATCH],
+            batch: vec![Observation::ZERO; subetha_core::drain::POP_BATCH],
         };
         // A first round so instances and rings are known, as for an agent
         // that has been attached for a while.

@@ -60,7 +60,7 @@ const CAPACITY: usize = ObservationRing::CAPACITY;
 /// Pushes per timed batch (and per criterion iteration) in the push groups.
 const BATCH: usize = 1024;
 /// Observations a consumer copies out per call (the Drainer's batch size).
-const POP_BATCH: usize = subetha_core::drain::BATCH;
+const POP_BATCH: usize = subetha_core::drain::POP_BATCH;
 /// CPU of the bench thread (producer, or consumer in `lossless`).
 const MAIN_CPU: usize = 0;
 /// CPU of helper threads.

@@ -6,7 +6,7 @@
 //!
 //! 1. Refreshes its picture of the instance table (names, kinds, op names of
 //!    new entries; which entries were retired).
-//! 2. Drains each in-use ring in batches of [`BATCH`] (one `tail` read, one
+//! 2. Drains each in-use ring in batches of [`POP_BATCH`] (one `tail` read, one
 //!    copy, one `head` publish per batch; at most two ring-fulls per ring per
 //!    scan so a busy producer cannot starve the others), attributing each
 //!    observation to its instance if the id's index *and generation* match a
@@ -59,7 +59,7 @@ use crate::site_stats::SiteStats;
 use crate::stats::InstanceStats;
 
 /// Observations copied out of a ring per `head` publish.
-pub const BATCH: usize = 256;
+pub const POP_BATCH: usize = 256;
 /// Most observations drained from one ring in one scan.
 const MAX_PER_RING_PER_SCAN: usize = 2 * ObservationRing::CAPACITY;
 /// Drop episodes kept in the history.
@@ -361,7 +361,7 @@ pub struct Drainer<V: AsRef<SegmentView>> {
     episodes: VecDeque<DropEpisode>,
     next_episode_seq: u64,
     totals: DrainTotals,
-    batch: Box<[Observation; BATCH]>,
+    batch: Box<[Observation; POP_BATCH]>,
     /// Observations of entries this scan's table refresh did not know, to
     /// be attributed after the rings (at most [`LATE_PER_SCAN`]).
     late: Vec<Observation>,
@@ -425,7 +425,7 @@ impl<V: AsRef<SegmentView>> Drainer<V> {
             episodes: VecDeque::new(),
             next_episode_seq: 1,
             totals: DrainTotals::default(),
-            batch: Box::new([Observation::ZERO; BATCH]),
+            batch: Box::new([Observation::ZERO; POP_BATCH]),
             late: Vec::new(),
             sites: parking_lot::Mutex::new(std::collections::HashMap::new()),
             foreign_tids: false,
@@ -1092,7 +1092,7 @@ impl<V: AsRef<SegmentView>> Drop for Drainer<V> {
 /// whether the per-scan cap left observations behind.
 fn drain_ring(
     slot: &RingSlot,
-    batch: &mut [Observation; BATCH],
+    batch: &mut [Observation; POP_BATCH],
     instances: &mut [Option<Box<Tracked>>],
     late: &mut Vec<Observation>,
     now: u64,

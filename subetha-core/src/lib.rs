@@ -28,8 +28,18 @@
 //! from below them in that order (`tests/module_layers.rs` checks it).
 
 pub mod clock;
+/// With the count schedule it follows.
+#[cfg(loom)]
+#[path = "primitives/counting.rs"]
+#[allow(dead_code)]
+mod counting;
 pub mod hooks;
 pub mod instance_id;
+/// And the Mutex's lock protocol, for `mutex_protocol::loom_tests`.
+#[cfg(loom)]
+#[path = "primitives/mutex/protocol.rs"]
+#[allow(dead_code)]
+mod mutex_protocol;
 pub mod observation;
 /// Under loom only the primitives' counting protocol is compiled, for its
 /// model (`op_counts::loom_tests`).

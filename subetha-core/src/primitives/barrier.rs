@@ -10,7 +10,7 @@
 use std::fmt;
 use std::panic::Location;
 
-use super::{CONTENDED, Probe, since};
+use super::{CONTENDED, Registration, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -64,14 +64,14 @@ pub struct Barrier {
     state: parking_lot::Mutex<State>,
     cv: parking_lot::Condvar,
     n: usize,
-    probe: Probe,
+    registration: Registration,
 }
 
 impl fmt::Debug for Barrier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Barrier")
             .field("n", &self.n)
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .finish()
     }
 }
@@ -80,21 +80,21 @@ impl Barrier {
     /// A barrier for `n` threads named after its creation site.
     #[track_caller]
     pub fn new(n: usize) -> Self {
-        Self::build(n, Probe::register(KIND, None, Location::caller()))
+        Self::build(n, Registration::register(KIND, None, Location::caller()))
     }
 
     /// A barrier for `n` threads named `name`.
     #[track_caller]
     pub fn named(name: &str, n: usize) -> Self {
-        Self::build(n, Probe::register(KIND, Some(name), Location::caller()))
+        Self::build(n, Registration::register(KIND, Some(name), Location::caller()))
     }
 
     /// A barrier without an instance (nothing observed); `const`.
     pub const fn unobserved(n: usize) -> Self {
-        Self::build(n, Probe::NONE)
+        Self::build(n, Registration::NONE)
     }
 
-    const fn build(n: usize, probe: Probe) -> Self {
+    const fn build(n: usize, registration: Registration) -> Self {
         Self {
             state: parking_lot::const_mutex(State {
                 arrived: 0,
@@ -103,13 +103,13 @@ impl Barrier {
             }),
             cv: parking_lot::Condvar::new(),
             n,
-            probe,
+            registration,
         }
     }
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Blocks until `n` threads have called `wait` in this generation.
@@ -123,7 +123,7 @@ impl Barrier {
             state.generation = state.generation.wrapping_add(1);
             drop(state);
             self.cv.notify_all();
-            self.probe.emit(op::RELEASE, 0, skew);
+            self.registration.emit(op::RELEASE, 0, skew);
             return BarrierWaitResult(true);
         }
         let start = clock::ticks();
@@ -136,7 +136,7 @@ impl Barrier {
             self.cv.wait(&mut state);
         }
         drop(state);
-        self.probe.emit_at(op::WAIT, CONTENDED, since(start), site);
+        self.registration.emit_at(op::WAIT, CONTENDED, since(start), site);
         BarrierWaitResult(false)
     }
 }

@@ -37,7 +37,7 @@ pub use crossbeam_channel::{
 };
 
 use super::op_counts::OpCounts;
-use super::{CONTENDED, COUNT, MISS, Probe};
+use super::{CONTENDED, COUNT, MISS, Registration};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -63,7 +63,7 @@ pub mod op {
 /// The sending end of a [`Channel`]; clone it for more producers.
 pub struct Sender<T> {
     inner: crossbeam_channel::Sender<T>,
-    probe: Arc<Observed>,
+    registration: Arc<Observed>,
 }
 
 /// What every end of one channel shares: the instance, and the counts of
@@ -71,7 +71,7 @@ pub struct Sender<T> {
 /// count on separate lines, so a producer and a consumer thread never
 /// share one.
 struct Observed {
-    probe: Probe,
+    registration: Registration,
     /// [`op::SEND`], [`op::TRY_SEND`].
     sends: OpCounts<2>,
     /// [`op::RECV`], [`op::TRY_RECV`].
@@ -79,9 +79,9 @@ struct Observed {
 }
 
 impl Observed {
-    fn new(probe: Probe) -> Self {
+    fn new(registration: Registration) -> Self {
         Self {
-            probe,
+            registration,
             sends: OpCounts::new(),
             recvs: OpCounts::new(),
         }
@@ -101,7 +101,7 @@ impl Observed {
     /// when one is due.
     #[inline(always)]
     fn done_at_once(&self, op: u16) {
-        if self.probe.id().is_none() {
+        if self.registration.id().is_none() {
             return;
         }
         let (counts, index) = self.counts_of(op);
@@ -116,20 +116,20 @@ impl Observed {
     #[cold]
     #[inline(never)]
     fn emit_count(&self, op: u16, covered: u64) {
-        self.probe.emit(op, COUNT, covered);
+        self.registration.emit(op, COUNT, covered);
     }
 
     fn id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Emits a wait or a miss made at `site`, carrying its id.
     fn emit_at(&self, op_kind: u16, flags: u16, latency_ticks: u64, site: &'static Location<'static>) {
-        self.probe.emit_at(op_kind, flags, latency_ticks, site);
+        self.registration.emit_at(op_kind, flags, latency_ticks, site);
     }
 }
 
-/// Reports what no count covers yet, before the probe (dropped after this)
+/// Reports what no count covers yet, before the registration (dropped after this)
 /// unregisters the instance.
 impl Drop for Observed {
     fn drop(&mut self) {
@@ -142,7 +142,7 @@ impl Drop for Observed {
             (op::TRY_RECV, try_recv),
         ] {
             if rest != 0 {
-                self.probe.emit(op, COUNT, rest);
+                self.registration.emit(op, COUNT, rest);
             }
         }
     }
@@ -151,7 +151,7 @@ impl Drop for Observed {
 /// The receiving end of a [`Channel`]; clone it for more consumers.
 pub struct Receiver<T> {
     inner: crossbeam_channel::Receiver<T>,
-    probe: Arc<Observed>,
+    registration: Arc<Observed>,
 }
 
 /// A bounded multi-producer multi-consumer channel (kind 5): both ends in
@@ -186,7 +186,7 @@ impl<T> fmt::Debug for Channel<T> {
 impl<T> fmt::Debug for Sender<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sender")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .finish_non_exhaustive()
     }
 }
@@ -194,7 +194,7 @@ impl<T> fmt::Debug for Sender<T> {
 impl<T> fmt::Debug for Receiver<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .finish_non_exhaustive()
     }
 }
@@ -204,29 +204,35 @@ impl<T> Channel<T> {
     /// after its creation site.
     #[track_caller]
     pub fn bounded(capacity: usize) -> Self {
-        Self::build(capacity, Probe::register(KIND, None, Location::caller()))
+        Self::build(capacity, Registration::register(KIND, None, Location::caller()))
     }
 
     /// A channel holding up to `capacity` messages, named `name`.
     #[track_caller]
     pub fn named(name: &str, capacity: usize) -> Self {
-        Self::build(capacity, Probe::register(KIND, Some(name), Location::caller()))
+        Self::build(
+            capacity,
+            Registration::register(KIND, Some(name), Location::caller()),
+        )
     }
 
     /// A channel without an instance (nothing observed).
     pub fn unobserved(capacity: usize) -> Self {
-        Self::build(capacity, Probe::NONE)
+        Self::build(capacity, Registration::NONE)
     }
 
-    fn build(capacity: usize, probe: Probe) -> Self {
+    fn build(capacity: usize, registration: Registration) -> Self {
         let (tx, rx) = crossbeam_channel::bounded(capacity);
-        let probe = Arc::new(Observed::new(probe));
+        let registration = Arc::new(Observed::new(registration));
         Self {
             tx: Sender {
                 inner: tx,
-                probe: Arc::clone(&probe),
+                registration: Arc::clone(&registration),
             },
-            rx: Receiver { inner: rx, probe },
+            rx: Receiver {
+                inner: rx,
+                registration,
+            },
         }
     }
 
@@ -308,7 +314,7 @@ impl<T> Channel<T> {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.tx.probe.id()
+        self.tx.registration.id()
     }
 }
 
@@ -320,12 +326,12 @@ impl<T> Sender<T> {
     pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
         match self.inner.try_send(msg) {
             Ok(()) => {
-                self.probe.done_at_once(op::SEND);
+                self.registration.done_at_once(op::SEND);
                 Ok(())
             }
             Err(TrySendError::Full(msg)) => self.send_blocking(msg, Location::caller()),
             Err(TrySendError::Disconnected(msg)) => {
-                self.probe.emit_at(op::SEND, MISS, 0, Location::caller());
+                self.registration.emit_at(op::SEND, MISS, 0, Location::caller());
                 Err(SendError(msg))
             }
         }
@@ -341,7 +347,8 @@ impl<T> Sender<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit_at(op::SEND, flags, super::since(start), site);
+        self.registration
+            .emit_at(op::SEND, flags, super::since(start), site);
         result
     }
 
@@ -351,9 +358,10 @@ impl<T> Sender<T> {
     pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
         let result = self.inner.try_send(msg);
         if result.is_ok() {
-            self.probe.done_at_once(op::TRY_SEND);
+            self.registration.done_at_once(op::TRY_SEND);
         } else {
-            self.probe.emit_at(op::TRY_SEND, MISS, 0, Location::caller());
+            self.registration
+                .emit_at(op::TRY_SEND, MISS, 0, Location::caller());
         }
         result
     }
@@ -374,11 +382,11 @@ impl<T> Sender<T> {
     pub fn send_deadline(&self, msg: T, deadline: Instant) -> Result<(), SendTimeoutError<T>> {
         let msg = match self.inner.try_send(msg) {
             Ok(()) => {
-                self.probe.done_at_once(op::SEND);
+                self.registration.done_at_once(op::SEND);
                 return Ok(());
             }
             Err(TrySendError::Disconnected(msg)) => {
-                self.probe.emit_at(op::SEND, MISS, 0, Location::caller());
+                self.registration.emit_at(op::SEND, MISS, 0, Location::caller());
                 return Err(SendTimeoutError::Disconnected(msg));
             }
             Err(TrySendError::Full(msg)) => msg,
@@ -390,7 +398,7 @@ impl<T> Sender<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe
+        self.registration
             .emit_at(op::SEND, flags, super::since(start), Location::caller());
         result
     }
@@ -422,7 +430,7 @@ impl<T> Sender<T> {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 }
 
@@ -430,7 +438,7 @@ impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            probe: Arc::clone(&self.probe),
+            registration: Arc::clone(&self.registration),
         }
     }
 }
@@ -443,12 +451,12 @@ impl<T> Receiver<T> {
     pub fn recv(&self) -> Result<T, RecvError> {
         match self.inner.try_recv() {
             Ok(msg) => {
-                self.probe.done_at_once(op::RECV);
+                self.registration.done_at_once(op::RECV);
                 Ok(msg)
             }
             Err(TryRecvError::Empty) => self.recv_blocking(Location::caller()),
             Err(TryRecvError::Disconnected) => {
-                self.probe.emit_at(op::RECV, MISS, 0, Location::caller());
+                self.registration.emit_at(op::RECV, MISS, 0, Location::caller());
                 Err(RecvError)
             }
         }
@@ -464,7 +472,8 @@ impl<T> Receiver<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe.emit_at(op::RECV, flags, super::since(start), site);
+        self.registration
+            .emit_at(op::RECV, flags, super::since(start), site);
         result
     }
 
@@ -474,9 +483,10 @@ impl<T> Receiver<T> {
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let result = self.inner.try_recv();
         if result.is_ok() {
-            self.probe.done_at_once(op::TRY_RECV);
+            self.registration.done_at_once(op::TRY_RECV);
         } else {
-            self.probe.emit_at(op::TRY_RECV, MISS, 0, Location::caller());
+            self.registration
+                .emit_at(op::TRY_RECV, MISS, 0, Location::caller());
         }
         result
     }
@@ -495,11 +505,11 @@ impl<T> Receiver<T> {
     pub fn recv_deadline(&self, deadline: Instant) -> Result<T, RecvTimeoutError> {
         match self.inner.try_recv() {
             Ok(msg) => {
-                self.probe.done_at_once(op::RECV);
+                self.registration.done_at_once(op::RECV);
                 return Ok(msg);
             }
             Err(TryRecvError::Disconnected) => {
-                self.probe.emit_at(op::RECV, MISS, 0, Location::caller());
+                self.registration.emit_at(op::RECV, MISS, 0, Location::caller());
                 return Err(RecvTimeoutError::Disconnected);
             }
             Err(TryRecvError::Empty) => {}
@@ -511,7 +521,7 @@ impl<T> Receiver<T> {
         } else {
             CONTENDED | MISS
         };
-        self.probe
+        self.registration
             .emit_at(op::RECV, flags, super::since(start), Location::caller());
         result
     }
@@ -554,7 +564,7 @@ impl<T> Receiver<T> {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 }
 
@@ -562,7 +572,7 @@ impl<T> Clone for Receiver<T> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            probe: Arc::clone(&self.probe),
+            registration: Arc::clone(&self.registration),
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use lock_api::MutexGuard;
 
-use super::{MISS, Probe};
+use super::{MISS, Registration};
 use crate::clock;
 use crate::registry::InstanceKind;
 
@@ -74,7 +74,7 @@ pub struct Condvar {
     cv: parking_lot::Condvar,
     gate: parking_lot::Mutex<()>,
     waiters: AtomicUsize,
-    probe: Probe,
+    registration: Registration,
 }
 
 impl Default for Condvar {
@@ -88,32 +88,32 @@ impl Condvar {
     /// A condition variable named after its creation site.
     #[track_caller]
     pub fn new() -> Self {
-        Self::build(Probe::register(KIND, None, Location::caller()))
+        Self::build(Registration::register(KIND, None, Location::caller()))
     }
 
     /// A condition variable named `name`.
     #[track_caller]
     pub fn named(name: &str) -> Self {
-        Self::build(Probe::register(KIND, Some(name), Location::caller()))
+        Self::build(Registration::register(KIND, Some(name), Location::caller()))
     }
 
     /// A condition variable without an instance (nothing observed); `const`.
     pub const fn unobserved() -> Self {
-        Self::build(Probe::NONE)
+        Self::build(Registration::NONE)
     }
 
-    const fn build(probe: Probe) -> Self {
+    const fn build(registration: Registration) -> Self {
         Self {
             cv: parking_lot::Condvar::new(),
             gate: parking_lot::const_mutex(()),
             waiters: AtomicUsize::new(0),
-            probe,
+            registration,
         }
     }
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Releases the guard's mutex, blocks until notified, re-acquires it.
@@ -196,7 +196,8 @@ impl Condvar {
             let _gate = self.gate.lock();
             self.cv.notify_one()
         };
-        self.probe.emit(op::NOTIFY_ONE, if woke { 0 } else { MISS }, 0);
+        self.registration
+            .emit(op::NOTIFY_ONE, if woke { 0 } else { MISS }, 0);
         woke
     }
 
@@ -208,7 +209,7 @@ impl Condvar {
             let _gate = self.gate.lock();
             self.cv.notify_all()
         };
-        self.probe
+        self.registration
             .emit(op::NOTIFY_ALL, if woke == 0 { MISS } else { 0 }, 0);
         woke
     }
@@ -242,7 +243,7 @@ impl Condvar {
             (timed_out, woke)
         });
         // Every wait blocked: it carries its call site.
-        self.probe.emit_at(
+        self.registration.emit_at(
             op::WAIT,
             if timed_out { MISS } else { 0 },
             woke.saturating_sub(start).max(1),

@@ -115,7 +115,7 @@
 
 use std::num::NonZeroU32;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::clock;
 use crate::observation::Observation;
@@ -127,12 +127,14 @@ pub mod adaptive;
 pub mod barrier;
 pub mod channel;
 pub mod condvar;
+pub(crate) mod counting;
 pub(crate) mod held;
 pub(crate) mod holder;
 pub mod mutex;
 pub mod op_counts;
 pub(crate) mod reader_bias;
 pub mod rwlock;
+pub(crate) mod sampling;
 pub mod semaphore;
 mod spin;
 #[cfg(feature = "tokio")]
@@ -372,26 +374,26 @@ fn process_entry(id: u32) -> Option<&'static crate::segment::InstanceEntry> {
 /// the policy word. `None` when unobserved (const-constructed, or the
 /// instance table was full).
 #[derive(Debug)]
-pub(crate) struct Probe {
+pub(crate) struct Registration {
     instance: Option<Instance>,
 }
 
-impl Probe {
+impl Registration {
     /// An unobserved primitive.
-    pub(crate) const NONE: Probe = Probe { instance: None };
+    pub(crate) const NONE: Registration = Registration { instance: None };
 
     /// Registers an instance of `kind` named `name`, or after `site`.
     pub(crate) fn register(
         kind: InstanceKind,
         name: Option<&str>,
         site: &'static Location<'static>,
-    ) -> Probe {
+    ) -> Registration {
         let name = match name.map(sanitize_name) {
             Some(name) if !name.is_empty() => name,
             _ => site_name(site),
         };
         match Instance::register(kind, &name) {
-            Ok(instance) => Probe {
+            Ok(instance) => Registration {
                 instance: Some(instance),
             },
             Err(error) => {
@@ -399,7 +401,7 @@ impl Probe {
                 WARNED.call_once(|| {
                     tracing::warn!(%error, kind = kind.name, %name, "subetha: primitive left unobserved");
                 });
-                Probe::NONE
+                Registration::NONE
             }
         }
     }
@@ -451,12 +453,12 @@ impl Probe {
     }
 }
 
-/// A [`Probe`]'s instance id, copied out of the primitive.
+/// A [`Registration`]'s instance id, copied out of the primitive.
 #[derive(Clone, Copy)]
 pub(crate) struct Emitter(Option<NonZeroU32>);
 
 impl Emitter {
-    /// [`Probe::emit`].
+    /// [`Registration::emit`].
     #[inline(always)]
     pub(crate) fn emit(self, op_kind: u16, flags: u16, latency_ticks: u64) {
         self.emit_sites(op_kind, flags, latency_ticks, SiteWord::NONE);
@@ -513,201 +515,6 @@ fn lost(error: crate::registry::RegistryError) {
     }
 }
 
-/// What one primitive caches of its policy word (the hold-sampling level
-/// and, for adaptive locks, the spin budget) and when a slow path last
-/// re-read it.
-///
-/// Eight bytes on purpose: it lives in the primitive next to the lock word,
-/// and a small primitive keeps the lock word and the protected data in one
-/// cache line (see `mutex::RawMutex`). The sampling mask is derived from
-/// the word when needed (a few register operations) rather than cached.
-#[derive(Debug)]
-pub(crate) struct Sampler {
-    word: AtomicU32,
-    /// `ticks() >> REFRESH_TICK_SHIFT` at the last slow-path refresh
-    /// (wrapping; compared by difference).
-    refreshed_at: AtomicU32,
-}
-
-/// Units of `Sampler::refreshed_at`: 2^16 ticks (~25 µs at 2.6 GHz), so a
-/// `u32` wraps only after ~30 hours.
-const REFRESH_TICK_SHIFT: u32 = 16;
-
-impl Sampler {
-    /// Mask meaning "never sample".
-    pub(crate) const OFF: u32 = u32::MAX;
-
-    pub(crate) const fn new() -> Self {
-        Self {
-            word: AtomicU32::new(0),
-            refreshed_at: AtomicU32::new(0),
-        }
-    }
-
-    /// The hold-sampling mask of the cached word: sample operation `n` when
-    /// `n & mask == 0`; [`Sampler::OFF`] = never.
-    #[inline(always)]
-    fn mask(&self) -> u32 {
-        Self::mask_of(PolicyWord(self.word.load(Ordering::Relaxed)))
-    }
-
-    /// The hold-sampling mask of `word`.
-    const fn mask_of(word: PolicyWord) -> u32 {
-        match word.sample_shift() {
-            Some(shift) => (1u32 << shift) - 1,
-            None => Self::OFF,
-        }
-    }
-
-    /// The mask that decides whether operation `n` needs the slow
-    /// bookkeeping: a sample, a policy refresh, or both. Zero bits of `n`
-    /// under it ⇒ call [`Sampler::wants_sample`] / refresh.
-    #[inline(always)]
-    pub(crate) fn check_mask(&self) -> u32 {
-        Self::check_mask_of(PolicyWord(self.word.load(Ordering::Relaxed)))
-    }
-
-    /// [`check_mask`](Self::check_mask) for a cached `word`.
-    pub(crate) const fn check_mask_of(word: PolicyWord) -> u32 {
-        Self::mask_of(word) & (REFRESH_EVERY - 1)
-    }
-
-    /// Whether operation `n` is a sampled one.
-    #[inline]
-    pub(crate) fn wants_sample(&self, n: u32) -> bool {
-        let mask = self.mask();
-        mask != Self::OFF && n & mask == 0
-    }
-
-    /// Operation `n`'s out-of-line bookkeeping, for a primitive that
-    /// samples by the thread's operation number: re-reads the policy word
-    /// from `probe` when `n` is due, then returns the start of the hold
-    /// sample `n` begins (`now`, or the clock now when `now` is 0), or 0
-    /// when `n` is not sampled.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn bookkeeping(&self, probe: &Probe, n: u32, now: u64) -> u64 {
-        if Self::wants_refresh(n) {
-            self.apply(probe.policy_word());
-        }
-        if !self.wants_sample(n) {
-            0
-        } else if now != 0 {
-            now
-        } else {
-            crate::clock::ticks().max(1)
-        }
-    }
-
-    /// Whether operation `n` is due to re-read the policy word.
-    #[inline]
-    pub(crate) fn wants_refresh(n: u32) -> bool {
-        n & (REFRESH_EVERY - 1) == 0
-    }
-
-    /// On a slow path at tick `now`: whether to re-read the policy word
-    /// (at most once per [`SLOW_PATH_REFRESH_NS`]); claims the refresh.
-    #[inline]
-    pub(crate) fn slow_path_due(&self, now: u64) -> bool {
-        let now_units = (now >> REFRESH_TICK_SHIFT) as u32;
-        let last = self.refreshed_at.load(Ordering::Relaxed);
-        let period_ticks = spin::ticks_per_spin_unit() * (SLOW_PATH_REFRESH_NS / PolicyWord::SPIN_UNIT_NS);
-        if u64::from(now_units.wrapping_sub(last)) < (period_ticks >> REFRESH_TICK_SHIFT).max(1) {
-            return false;
-        }
-        self.refreshed_at.store(now_units, Ordering::Relaxed);
-        true
-    }
-
-    /// The cached word.
-    #[inline]
-    pub(crate) fn word(&self) -> PolicyWord {
-        PolicyWord(self.word.load(Ordering::Relaxed))
-    }
-
-    /// Caches `word`. Stores only a change: the cache shares a line with
-    /// the primitive, which other threads read on every operation.
-    pub(crate) fn apply(&self, word: PolicyWord) {
-        if self.word.load(Ordering::Relaxed) != word.0 {
-            self.word.store(word.0, Ordering::Relaxed);
-        }
-    }
-}
-
-thread_local! {
-    /// Per-thread operation counter for sampling decisions of operations
-    /// that hold no exclusive lock (shared reads, permits, channel ops).
-    static OPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The calling thread's next operation number (see `OPS`).
-#[inline(always)]
-pub(crate) fn next_thread_op() -> u32 {
-    OPS.try_with(|ops| {
-        let n = ops.get().wrapping_add(1);
-        ops.set(n);
-        n
-    })
-    .unwrap_or(1)
-}
-
-thread_local! {
-    /// The hold samplers' xorshift state; 0 until the thread's first draw.
-    static HOLD_SAMPLE_RNG: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The next random number of the calling thread's hold samplers (the
-/// `Mutex`'s and the `RwLock`'s draws).
-pub(crate) fn next_hold_random() -> u32 {
-    HOLD_SAMPLE_RNG.with(|rng| {
-        let mut x = rng.get();
-        if x == 0 {
-            // A distinct, nonzero seed per thread.
-            x = crate::thread_id().wrapping_mul(0x9E37_79B9) | 1;
-        }
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        rng.set(x);
-        x
-    })
-}
-
-thread_local! {
-    /// Acquisitions of unobserved locks that found this thread's
-    /// hold-sampler draw pending and left it, since an observed lock last
-    /// paid one (see [`unobserved_lock_drops_draw`]).
-    static DRAW_PASSED_BY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// How many acquisitions of unobserved locks a pending draw survives.
-const DRAW_OUTLIVES_UNOBSERVED: u32 = 64;
-
-/// An unobserved `Mutex` or `RwLock`, about to be taken, found this
-/// thread's draw of the hold sampler pending (`first`: it is the thread's
-/// first-acquisition draw): whether to clear it. It has no hold to sample,
-/// and a draw it cleared would be lost to the observed lock whose count
-/// left it (a thread alternating between the two would never sample that
-/// lock's holds), so it leaves the draw for the next observed
-/// acquisition. But each acquisition that finds a draw pending takes a
-/// slower path, so after [`DRAW_OUTLIVES_UNOBSERVED`] of them (a thread
-/// that took an observed lock once and now takes only unobserved ones)
-/// the draw goes.
-pub(crate) fn unobserved_lock_drops_draw(first: bool) -> bool {
-    DRAW_PASSED_BY.with(|passed| {
-        let n = passed.get() + 1;
-        let drop = first || n >= DRAW_OUTLIVES_UNOBSERVED;
-        passed.set(if drop { 0 } else { n });
-        drop
-    })
-}
-
-/// An observed lock paid this thread's draw (see
-/// [`unobserved_lock_drops_draw`]).
-pub(crate) fn draw_paid() {
-    DRAW_PASSED_BY.with(|passed| passed.set(0));
-}
-
 /// Ticks elapsed since `start`, at least 1 (0 means "not measured").
 #[inline]
 pub(crate) fn since(start: u64) -> u64 {
@@ -715,7 +522,7 @@ pub(crate) fn since(start: u64) -> u64 {
 }
 
 /// A hold's length in ticks from `start` to `ended` (0: until now).
-pub(crate) fn held(start: u64, ended: u64) -> u64 {
+pub(crate) fn hold_ticks(start: u64, ended: u64) -> u64 {
     if ended == 0 {
         since(start)
     } else {

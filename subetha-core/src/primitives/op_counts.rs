@@ -49,8 +49,9 @@ use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering, OwnerLoad};
 
-/// Operations per count once a counter is past its first [`BATCH`].
-pub const BATCH: u64 = 64;
+#[cfg(not(loom))]
+pub use super::counting::BATCH;
+use super::counting::{count_ending_at, uncounted};
 /// Counting slots (and owned stripes per `OpCounts`).
 pub const STRIPES: usize = 8;
 
@@ -250,40 +251,9 @@ impl TakeAll for AtomicU64 {
     }
 }
 
-/// How many operations the count ending at the `nth` operation of a counter
-/// covers, if one ends there: the 1st, 2nd, 4th … [`BATCH`]th, then every
-/// [`BATCH`]th.
-fn count_ending_at(nth: u64) -> Option<u64> {
-    if nth <= BATCH {
-        nth.is_power_of_two().then(|| nth - nth / 2)
-    } else {
-        nth.is_multiple_of(BATCH).then_some(BATCH)
-    }
-}
-
-/// How many of a counter's first `total` operations no count covers.
-fn uncounted(total: u64) -> u64 {
-    if total < BATCH {
-        // The last count ended at the highest power of two ≤ total.
-        total.checked_ilog2().map_or(0, |log| total - (1 << log))
-    } else {
-        total % BATCH
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_and_the_rest_cover_every_operation_exactly_once() {
-        for total in 0..1000 {
-            let counted: u64 = (1..=total).filter_map(count_ending_at).sum();
-            assert_eq!(counted + uncounted(total), total, "total {total}");
-        }
-        let ends: Vec<u64> = (1..=200).filter(|&n| count_ending_at(n).is_some()).collect();
-        assert_eq!(ends, [1, 2, 4, 8, 16, 32, 64, 128, 192]);
-    }
 
     /// More threads at once than slots, so that some count on their own
     /// stripe and the rest on the shared one, then as many again after

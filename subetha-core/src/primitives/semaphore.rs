@@ -19,7 +19,8 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use super::sampling::{Sampler, next_thread_op};
+use super::{CONTENDED, MISS, PolicyWord, Registration, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;
@@ -61,14 +62,14 @@ pub struct Semaphore {
     gate: parking_lot::Mutex<()>,
     cv: parking_lot::Condvar,
     sampler: Sampler,
-    probe: Probe,
+    registration: Registration,
 }
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Semaphore")
             .field("permits", &self.available_permits())
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .finish()
     }
 }
@@ -98,7 +99,9 @@ impl Drop for SemaphorePermit<'_> {
     fn drop(&mut self) {
         self.semaphore.release_one();
         if self.hold_start != 0 {
-            self.semaphore.probe.emit(op::RELEASE, 0, since(self.hold_start));
+            self.semaphore
+                .registration
+                .emit(op::RELEASE, 0, since(self.hold_start));
         }
     }
 }
@@ -107,13 +110,16 @@ impl Semaphore {
     /// A semaphore with `permits` free permits, named after its creation site.
     #[track_caller]
     pub fn new(permits: usize) -> Self {
-        Self::build(permits, Probe::register(KIND, None, Location::caller()))
+        Self::build(permits, Registration::register(KIND, None, Location::caller()))
     }
 
     /// A semaphore named `name`.
     #[track_caller]
     pub fn named(name: &str, permits: usize) -> Self {
-        Self::build(permits, Probe::register(KIND, Some(name), Location::caller()))
+        Self::build(
+            permits,
+            Registration::register(KIND, Some(name), Location::caller()),
+        )
     }
 
     /// A semaphore without an instance (nothing observed); `const`.
@@ -124,13 +130,13 @@ impl Semaphore {
             gate: parking_lot::const_mutex(()),
             cv: parking_lot::Condvar::new(),
             sampler: Sampler::new(),
-            probe: Probe::NONE,
+            registration: Registration::NONE,
         }
     }
 
-    fn build(permits: usize, probe: Probe) -> Self {
+    fn build(permits: usize, registration: Registration) -> Self {
         let s = Self {
-            probe,
+            registration,
             ..Self::unobserved(permits)
         };
         s.refresh_policy();
@@ -139,12 +145,12 @@ impl Semaphore {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Re-reads the policy word now; returns it.
     pub fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -172,7 +178,8 @@ impl Semaphore {
         if self.take(Ordering::Acquire) {
             Some(self.permit(op::TRY_ACQUIRE, 0, 0, 0))
         } else {
-            self.probe.emit_at(op::TRY_ACQUIRE, MISS, 0, Location::caller());
+            self.registration
+                .emit_at(op::TRY_ACQUIRE, MISS, 0, Location::caller());
             None
         }
     }
@@ -204,7 +211,7 @@ impl Semaphore {
     pub fn add_permits(&self, n: usize) {
         self.permits.fetch_add(n, Ordering::SeqCst);
         self.wake(n);
-        self.probe.emit(op::ADD_PERMITS, 0, 0);
+        self.registration.emit(op::ADD_PERMITS, 0, 0);
     }
 
     /// Takes a free permit, if any.
@@ -238,11 +245,11 @@ impl Semaphore {
         now: u64,
         sites: SiteWord,
     ) -> SemaphorePermit<'_> {
-        self.probe.emitter().emit_sites(op, flags, latency, sites);
+        self.registration.emitter().emit_sites(op, flags, latency, sites);
         let n = next_thread_op();
         let mut hold_start = 0;
         if n & self.sampler.check_mask() == 0 {
-            hold_start = self.sampler.bookkeeping(&self.probe, n, now);
+            hold_start = self.sampler.bookkeeping(&self.registration, n, now);
         }
         SemaphorePermit {
             semaphore: self,
@@ -260,7 +267,7 @@ impl Semaphore {
         deadline: Option<Option<Instant>>,
         site: &'static Location<'static>,
     ) -> Option<SemaphorePermit<'_>> {
-        let sites = SiteWord::own(self.probe.site_id(site));
+        let sites = SiteWord::own(self.registration.site_id(site));
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -290,7 +297,7 @@ impl Semaphore {
         if acquired {
             Some(self.permit_sites(op, CONTENDED, waited, now, sites))
         } else {
-            self.probe
+            self.registration
                 .emitter()
                 .emit_sites(op, CONTENDED | MISS, waited, sites);
             None

@@ -16,7 +16,8 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 
-use super::{CONTENDED, MISS, PolicyWord, Probe, Sampler, next_thread_op, since};
+use super::sampling::{Sampler, next_thread_op};
+use super::{CONTENDED, MISS, PolicyWord, Registration, since};
 use super::{mutex, rwlock, semaphore};
 use crate::clock;
 use crate::registry::InstanceKind;
@@ -51,17 +52,17 @@ pub const ASYNC_SEMAPHORE_KIND: InstanceKind = InstanceKind {
     ops: semaphore::KIND.ops,
 };
 
-/// What the three async primitives share: the probe and the sampling cache.
+/// What the three async primitives share: the registration and the sampling cache.
 #[derive(Debug)]
 struct Common {
-    probe: Probe,
+    registration: Registration,
     sampler: Sampler,
 }
 
 impl Common {
     fn register(kind: InstanceKind, name: Option<&str>, site: &'static Location<'static>) -> Self {
         let common = Self {
-            probe: Probe::register(kind, name, site),
+            registration: Registration::register(kind, name, site),
             sampler: Sampler::new(),
         };
         common.refresh_policy();
@@ -69,7 +70,7 @@ impl Common {
     }
 
     fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -78,10 +79,10 @@ impl Common {
     /// returns the hold's start (0 = not sampled).
     #[inline(always)]
     fn acquired(&self, op: u16, flags: u16, latency: u64, now: u64) -> u64 {
-        self.probe.emit(op, flags, latency);
+        self.registration.emit(op, flags, latency);
         let n = next_thread_op();
         if n & self.sampler.check_mask() == 0 {
-            self.sampler.bookkeeping(&self.probe, n, now)
+            self.sampler.bookkeeping(&self.registration, n, now)
         } else {
             0
         }
@@ -91,10 +92,10 @@ impl Common {
     /// at `site` (carried by its observation).
     #[cold]
     fn acquired_waited(&self, op: u16, latency: u64, now: u64, site: &'static Location<'static>) -> u64 {
-        self.probe.emit_at(op, CONTENDED, latency, site);
+        self.registration.emit_at(op, CONTENDED, latency, site);
         let n = next_thread_op();
         if n & self.sampler.check_mask() == 0 {
-            self.sampler.bookkeeping(&self.probe, n, now)
+            self.sampler.bookkeeping(&self.registration, n, now)
         } else {
             0
         }
@@ -102,7 +103,7 @@ impl Common {
 
     fn released(&self, op: u16, hold_start: u64) {
         if hold_start != 0 {
-            self.probe.emit(op, 0, since(hold_start));
+            self.registration.emit(op, 0, since(hold_start));
         }
     }
 
@@ -223,7 +224,7 @@ impl<T: ?Sized> AsyncMutex<T> {
             }
             Err(error) => {
                 self.common
-                    .probe
+                    .registration
                     .emit_at(mutex::op::TRY_LOCK, MISS, 0, Location::caller());
                 Err(error)
             }
@@ -237,7 +238,7 @@ impl<T: ?Sized> AsyncMutex<T> {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.common.probe.id()
+        self.common.registration.id()
     }
 
     /// Re-reads the policy word now; returns it.
@@ -365,7 +366,7 @@ impl<T: ?Sized> AsyncRwLock<T> {
             }),
             Err(error) => {
                 self.common
-                    .probe
+                    .registration
                     .emit_at(rwlock::op::TRY_READ, MISS, 0, Location::caller());
                 Err(error)
             }
@@ -409,7 +410,7 @@ impl<T: ?Sized> AsyncRwLock<T> {
             }),
             Err(error) => {
                 self.common
-                    .probe
+                    .registration
                     .emit_at(rwlock::op::TRY_WRITE, MISS, 0, Location::caller());
                 Err(error)
             }
@@ -423,7 +424,7 @@ impl<T: ?Sized> AsyncRwLock<T> {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.common.probe.id()
+        self.common.registration.id()
     }
 
     /// Re-reads the policy word now; returns it.
@@ -557,7 +558,9 @@ impl AsyncSemaphore {
                     return Ok(self.permit(permit, start));
                 }
                 Err(tokio::sync::TryAcquireError::Closed) => {
-                    self.common.probe.emit_at(semaphore::op::ACQUIRE, MISS, 0, site);
+                    self.common
+                        .registration
+                        .emit_at(semaphore::op::ACQUIRE, MISS, 0, site);
                     // Let tokio produce its error value (a closed semaphore
                     // answers at once).
                     return match self.inner.acquire().await {
@@ -580,7 +583,7 @@ impl AsyncSemaphore {
                 }
                 Err(error) => {
                     self.common
-                        .probe
+                        .registration
                         .emit_at(semaphore::op::ACQUIRE, CONTENDED | MISS, waited, site);
                     Err(error)
                 }
@@ -598,7 +601,7 @@ impl AsyncSemaphore {
             }
             Err(error) => {
                 self.common
-                    .probe
+                    .registration
                     .emit_at(semaphore::op::TRY_ACQUIRE, MISS, 0, Location::caller());
                 Err(error)
             }
@@ -608,7 +611,7 @@ impl AsyncSemaphore {
     /// Adds `n` permits.
     pub fn add_permits(&self, n: usize) {
         self.inner.add_permits(n);
-        self.common.probe.emit(semaphore::op::ADD_PERMITS, 0, 0);
+        self.common.registration.emit(semaphore::op::ADD_PERMITS, 0, 0);
     }
 
     /// Permits free now.
@@ -623,7 +626,7 @@ impl AsyncSemaphore {
 
     /// The instance id observations carry, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.common.probe.id()
+        self.common.registration.id()
     }
 
     /// Re-reads the policy word now; returns it.

@@ -25,7 +25,7 @@
 //! the lock.
 //!
 //! Nothing of the bookkeeping runs inside the hold: counts are decided after
-//! the release, and hold sampling before the acquisition (see `HOLD_DRAW`).
+//! the release, and hold sampling before the acquisition (see `raw::DRAWS`).
 //! Any work inside even an occasional hold (one `rdtsc` in every 64th) can tip
 //! two threads sharing a lock from alternating into colliding; the `contended`
 //! group's `…/50+100ns/2` rows of `benches/primitives.rs` show the lock
@@ -75,12 +75,10 @@ use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_api::GuardNoSend;
-use parking_lot_core::{DEFAULT_PARK_TOKEN, ParkResult, SpinWait, UnparkResult, UnparkToken};
+use parking_lot_core::SpinWait;
 
-use super::{
-    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, draw_paid, held, holder, next_hold_random,
-    unobserved_lock_drops_draw,
-};
+use super::sampling::{HoldDraw, Sampler};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Registration, hold_ticks, holder};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;
@@ -108,6 +106,7 @@ pub mod op {
     pub const PARK: u16 = 4;
 }
 
+mod protocol;
 mod raw;
 #[cfg(test)]
 mod tests;

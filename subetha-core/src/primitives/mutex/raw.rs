@@ -1,6 +1,7 @@
 //! [`RawMutex`]: the lock protocol on the lock [`word`] and
 //! `parking_lot_core`'s parking lot, with its observations.
 
+use super::protocol::{self, ParkingLot, Unparked};
 use super::word::*;
 use super::*;
 
@@ -54,7 +55,7 @@ pub(super) enum Spin {
 ///
 /// | bytes | fields | written by |
 /// |---|---|---|
-/// | 0–15 | `sampler`, `probe`, `adaptive` | nearly nobody (a policy change) |
+/// | 0–15 | `sampler`, `registration`, `adaptive` | nearly nobody (a policy change) |
 /// | 16–31 | `hold_start`, `wait_high`, `sites` | the holder of a sampled hold, of a wait, or of a hold begun while threads were parked |
 /// | 32–39 (+ data) | `wait`, `pending`, `parkers`, `state` | acquisitions that are not plain uncontended `lock`s, parking waiters, and every release |
 ///
@@ -76,7 +77,7 @@ pub(super) enum Spin {
 #[repr(C)]
 pub struct RawMutex {
     pub(super) sampler: Sampler,
-    pub(super) probe: Probe,
+    pub(super) registration: Registration,
     /// Spin before parking with the budget from the policy word.
     pub(super) adaptive: bool,
     /// Ticks when a sampled hold began (valid with [`PENDING_SAMPLED`]).
@@ -147,49 +148,32 @@ pub(super) const PENDING_SITE: u8 = 0b10_0000;
 /// [`RawMutex::release`]), not the bare atomic add.
 pub(super) const PENDING_PARKED: u8 = 0b100_0000;
 
-/// Uncontended `lock`s per draw of the hold sampler (see `HOLD_DRAW`).
+/// Uncontended `lock`s per draw of the hold sampler (see [`DRAWS`]).
 pub(super) const HOLD_SAMPLE_EVERY: u32 = COUNT_BATCH;
 
-thread_local! {
-    /// A draw of the hold sampler this thread owes, as its weight (0: none).
-    ///
-    /// Hold sampling is decided *before* the `lock bts`, so a sampled hold's
-    /// first clock reading is taken before the lock is, and nothing is
-    /// added to the hold but two stores. Nothing of the lock can decide it
-    /// then (its count is only known once the lock is taken, and reading
-    /// its line before the `lock bts` slows a hammered lock), and a
-    /// per-thread countdown costs every `lock` a store, which a hammered lock
-    /// pays for in throughput (the `contended` group's `…/hammer` rows). So
-    /// the draws are scheduled by
-    /// the locks' counts: a thread whose release ends a batch of
-    /// [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any mutex) owes
-    /// a draw with weight [`HOLD_SAMPLE_EVERY`], and its next `lock`, of
-    /// whichever mutex, pays it: sampled with probability weight / level of
-    /// that mutex. Draws thus come at one per [`HOLD_SAMPLE_EVERY`]
-    /// uncontended `lock`s, and each mutex is sampled at its level in
-    /// expectation. A mutex with a finer level leaves a draw of weight 1
-    /// owed, so the thread's next `lock` draws again, with probability
-    /// 1 / level: exact for a thread that keeps taking that mutex, lower
-    /// (down to 1 in [`HOLD_SAMPLE_EVERY`]) while it takes others. A
-    /// `lock` of an unmeasured mutex pays no draw. [`FIRST_DRAW`] until the
-    /// thread's first `lock` of a measured one.
-    pub(super) static HOLD_DRAW: Cell<u32> = const { Cell::new(FIRST_DRAW) };
-}
+/// This thread's draw of the mutexes' hold sampler ([`HoldDraw`]).
+///
+/// Hold sampling is decided *before* the `lock bts`, so a sampled hold's
+/// first clock reading is taken before the lock is, and nothing is
+/// added to the hold but two stores. Nothing of the lock can decide it
+/// then (its count is only known once the lock is taken, and reading
+/// its line before the `lock bts` slows a hammered lock), and a
+/// per-thread countdown costs every `lock` a store, which a hammered lock
+/// pays for in throughput (the `contended` group's `…/hammer` rows). So
+/// the draws are scheduled by the locks' counts: a thread whose release
+/// ends a batch of [`HOLD_SAMPLE_EVERY`] uncontended `lock`s of a mutex (any
+/// mutex) owes a draw with weight [`HOLD_SAMPLE_EVERY`], and its next
+/// `lock`, of whichever mutex, pays it. A `lock` of an unmeasured mutex
+/// pays no draw.
+pub(super) const DRAWS: HoldDraw = HoldDraw::MUTEX;
 
-/// `HOLD_DRAW` of a thread that has locked no measured mutex yet: its
-/// first `lock` of one draws with weight 1. An unmeasured mutex that finds
-/// it clears it, so a thread that takes only unmeasured mutexes reads one
-/// thread-local per `lock` and no more; a draw that counts left, it
-/// leaves for a while (see [`unobserved_lock_drops_draw`]).
-pub(super) const FIRST_DRAW: u32 = u32::MAX;
-
-/// Reports the uncontended `lock`s no count covers yet, before the probe
+/// Reports the uncontended `lock`s no count covers yet, before the registration
 /// (dropped after this) unregisters the instance.
 impl Drop for RawMutex {
     fn drop(&mut self) {
         let rest = LockCount::of_word(*self.state.get_mut()).uncounted();
         if rest != 0 {
-            self.probe.emit(op::LOCK, COUNT, u64::from(rest));
+            self.registration.emit(op::LOCK, COUNT, u64::from(rest));
         }
     }
 }
@@ -203,7 +187,7 @@ unsafe impl Sync for RawMutex {}
 impl fmt::Debug for RawMutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawMutex")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .field("adaptive", &self.adaptive)
             .field("locked", &self.is_locked_raw())
             .finish()
@@ -212,13 +196,13 @@ impl fmt::Debug for RawMutex {
 
 impl RawMutex {
     pub(super) const fn unobserved(adaptive: bool) -> Self {
-        Self::with_probe(Probe::NONE, adaptive)
+        Self::with_probe(Registration::NONE, adaptive)
     }
 
-    pub(super) const fn with_probe(probe: Probe, adaptive: bool) -> Self {
+    pub(super) const fn with_probe(registration: Registration, adaptive: bool) -> Self {
         Self {
             sampler: Sampler::new(),
-            probe,
+            registration,
             adaptive,
             hold_start: Cell::new(0),
             wait_high: Cell::new(0),
@@ -235,7 +219,7 @@ impl RawMutex {
     /// stored in its holds but the lock word.
     #[inline]
     pub(super) fn unmeasured(&self) -> bool {
-        self.probe.id().is_none() && !self.adaptive
+        self.registration.id().is_none() && !self.adaptive
     }
 
     /// A raw mutex registered as an instance of `kind`.
@@ -245,14 +229,14 @@ impl RawMutex {
         site: &'static Location<'static>,
         adaptive: bool,
     ) -> Self {
-        let raw = Self::with_probe(Probe::register(kind, name, site), adaptive);
+        let raw = Self::with_probe(Registration::register(kind, name, site), adaptive);
         raw.refresh_policy();
         raw
     }
 
     /// The instance id, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Re-reads the policy word now and returns it. Done every
@@ -261,7 +245,7 @@ impl RawMutex {
     /// [`SLOW_PATH_REFRESH_NS`](crate::primitives::SLOW_PATH_REFRESH_NS), and every
     /// `REFRESH_EVERY` of a thread's other operations on the lock.
     pub fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -276,27 +260,13 @@ impl RawMutex {
     /// free lock in its slow path: the same outcome.)
     #[inline(always)]
     pub(super) fn lock_fast(&self) -> bool {
-        self.state.fetch_or(LOCKED_BIT, Ordering::Acquire) & LOCKED_BIT == 0
+        protocol::lock_fast(&self.state)
     }
 
     /// Takes the lock if it is free, parked threads or not.
     #[inline]
     pub(super) fn try_lock_raw(&self) -> bool {
-        let mut state = self.state.load(Ordering::Relaxed);
-        loop {
-            if state & LOCKED_BIT != 0 {
-                return false;
-            }
-            match self.state.compare_exchange_weak(
-                state,
-                state | LOCKED_BIT,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => state = now,
-            }
-        }
+        protocol::try_lock(&self.state)
     }
 
     /// `parking_lot`'s release: with threads parked, wakes one while the
@@ -310,11 +280,9 @@ impl RawMutex {
     /// The caller holds the lock.
     #[inline(always)]
     pub(super) unsafe fn unlock_raw(&self, fair: bool, count: u16) -> u16 {
-        if self.state.load(Ordering::Relaxed) & PARKED_BIT != 0 {
-            return self.unlock_slow(fair, count);
-        }
-        // SAFETY: forwarded: the caller holds the lock.
-        unsafe { self.add_release(count) }
+        protocol::unlock(&ParkingLot, self.key(), &self.state, fair, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// Releases the lock in one atomic add that also adds `count` to the
@@ -332,16 +300,9 @@ impl RawMutex {
     /// The caller holds the lock.
     #[inline(always)]
     pub(super) unsafe fn add_release(&self, count: u16) -> u16 {
-        // LOCKED_BIT is set, so adding `count - LOCKED_BIT` clears it and
-        // carries nothing into PARKED_BIT: one `lock xadd`, whose Release
-        // publishes the critical section.
-        let before = self
-            .state
-            .fetch_add(count.wrapping_sub(LOCKED_BIT), Ordering::Release);
-        if before & PARKED_BIT != 0 {
-            self.wake_one_released();
-        }
-        before
+        protocol::release(&ParkingLot, self.key(), &self.state, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// The lock word's count (for tests: only meaningful while the lock is
@@ -356,64 +317,21 @@ impl RawMutex {
     /// woken thread can measure its wake-up ([`op::PARK`]'s latency, the
     /// park cost its policy weighs). Read in `parking_lot_core`'s
     /// callback, under the queue lock, just before the wake-up call.
-    pub(super) fn wake_token(&self, result: &UnparkResult, handoff: bool) -> UnparkToken {
-        let sent = if self.adaptive && result.unparked_threads != 0 {
+    pub(super) fn wake_token(&self, result: &Unparked, handoff: bool) -> usize {
+        let sent = if self.adaptive && result.unparked {
             // Never 0 (0 = no reading): a tick count of exactly 0 reads 1.
             ((clock::ticks() as usize & TOKEN_TICKS_MASK).max(1)) << 1
         } else {
             0
         };
-        UnparkToken(sent | if handoff { TOKEN_HANDOFF_BIT } else { 0 })
+        sent | if handoff { TOKEN_HANDOFF_BIT } else { 0 }
     }
 
-    /// Wakes one parked thread after a release that found PARKED_BIT set
-    /// (a thread parked during the hold); clears the bit if nobody else
-    /// waits.
-    ///
-    /// When `parking_lot_core` says this wake-up is due to be fair (about
-    /// every 0.5 ms), the callback takes the lock back for the woken thread
-    /// if it is still free and hands it over locked, as `unlock_slow`
-    /// would. If another thread took it in the meantime, the woken thread
-    /// competes as after any other wake-up, and the next holder, which
-    /// finds PARKED_BIT set when it takes the lock, releases through
-    /// `unlock_slow`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn wake_one_released(&self) {
-        let addr = self as *const Self as usize;
-        let callback = |result: UnparkResult| {
-            // Atomic updates: the lock is free or someone else's now. A
-            // thread about to park re-validates the word under the queue
-            // lock, after this callback, so it cannot park on a cleared bit.
-            let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
-            if result.unparked_threads != 0 && result.be_fair {
-                let mut state = self.state.load(Ordering::Relaxed);
-                while state & LOCKED_BIT == 0 {
-                    // Acquire: the woken thread's hold follows whatever
-                    // holder released the lock last; the unpark's own
-                    // synchronisation carries that on to the woken thread.
-                    match self.state.compare_exchange_weak(
-                        state,
-                        (state & !PARKED_BIT) | parked | LOCKED_BIT,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    ) {
-                        Ok(_) => return self.wake_token(&result, true),
-                        Err(now) => state = now,
-                    }
-                }
-            }
-            if parked == 0 {
-                self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
-            }
-            self.wake_token(&result, false)
-        };
-        // SAFETY: `addr` is this lock's address (see `lock_slow`); the
-        // callback only updates the lock word and does not panic or call
-        // into `parking_lot_core`.
-        unsafe {
-            parking_lot_core::unpark_one(addr, callback);
-        }
+    /// The lock's key in the parking lot: its address, which only it parks
+    /// and unparks on.
+    #[inline(always)]
+    pub(super) fn key(&self) -> usize {
+        self as *const Self as usize
     }
 
     /// Right after an uncontended `lock`: `pending` is already
@@ -469,7 +387,7 @@ impl RawMutex {
     pub(super) fn release_slowly(&self, site: &'static Location<'static>) {
         let mut pending = self.pending.get() | PENDING_PARKED;
         if pending & PENDING_SITE == 0 {
-            self.sites.set(SiteWord::own(self.probe.site_id(site)).0);
+            self.sites.set(SiteWord::own(self.registration.site_id(site)).0);
             pending |= PENDING_SITE;
         }
         self.pending.set(pending);
@@ -480,7 +398,7 @@ impl RawMutex {
     /// operation count instead.
     #[inline(always)]
     pub(super) fn sample_reported(&self, now: u64) {
-        let n = crate::primitives::next_thread_op();
+        let n = crate::primitives::sampling::next_thread_op();
         if n & self.sampler.check_mask() == 0 {
             self.sample_or_refresh(n, now);
         }
@@ -491,7 +409,7 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn sample_or_refresh(&self, n: u32, now: u64) {
-        let start = self.sampler.bookkeeping(&self.probe, n, now);
+        let start = self.sampler.bookkeeping(&self.registration, n, now);
         if start != 0 {
             self.hold_start.set(start);
             self.pending.set(self.pending.get() | PENDING_SAMPLED);
@@ -522,7 +440,7 @@ impl RawMutex {
     /// [`crate::primitives::holder`]). Read while holding the lock.
     #[inline]
     pub(super) fn waited_sites(&self, site: u16) -> u32 {
-        let holder = match self.probe.id() {
+        let holder = match self.registration.id() {
             Some(id) => holder::holder(id, self.state.load(Ordering::Relaxed) & COUNT_BITS),
             None => 0,
         };
@@ -533,7 +451,7 @@ impl RawMutex {
     /// that leaves the lock word's count at `count_after`.
     #[inline]
     pub(super) fn stamp_holder(&self, site: u16, count_after: u16) {
-        if let Some(id) = self.probe.id() {
+        if let Some(id) = self.registration.id() {
             holder::stamp(id, site, count_after);
         }
     }
@@ -544,7 +462,7 @@ impl RawMutex {
         (self.state.load(Ordering::Relaxed) & COUNT_BITS).wrapping_add(count) & COUNT_BITS
     }
 
-    /// The `lock` that pays the draw this thread owes (see [`HOLD_DRAW`]):
+    /// The `lock` that pays the draw this thread owes (see [`DRAWS`]):
     /// draws with weight `weight`, then takes the lock, sampled or not. A
     /// sampled hold begins at a reading taken before the `lock bts`, or at
     /// the end of the wait.
@@ -554,9 +472,7 @@ impl RawMutex {
         if self.unmeasured() {
             // Nothing to sample; a draw a measured mutex's count left
             // stays for the next measured `lock`, for a while.
-            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
-                HOLD_DRAW.with(|draw| draw.set(0));
-            }
+            DRAWS.pass_by(weight);
             if self.lock_fast() {
                 self.acquired_plain(site);
             } else {
@@ -564,13 +480,7 @@ impl RawMutex {
             }
             return;
         }
-        draw_paid();
-        let weight = if weight == FIRST_DRAW { 1 } else { weight };
-        let mask = self.sampler.mask();
-        // Probability weight / level (certain once the weight covers it).
-        let sampled = mask != Sampler::OFF && next_hold_random() & mask < weight;
-        let fine = mask != Sampler::OFF && mask < HOLD_SAMPLE_EVERY - 1;
-        HOLD_DRAW.with(|draw| draw.set(if fine { 1 } else { 0 }));
+        let sampled = DRAWS.pay(weight, self.sampler.mask(), HOLD_SAMPLE_EVERY);
         if !sampled {
             if self.lock_fast() {
                 self.acquired_plain(site);
@@ -581,7 +491,7 @@ impl RawMutex {
         }
         // A sampled hold's site is known, so its release can stamp it for
         // the next waiter (interned before the lock is taken).
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         // An adaptive lock's policy needs the critical section alone: it reads
         // the clock once the lock is taken. (Read before the `lock bts`, a
         // hammered lock's samples would include the wait for the lock word's
@@ -615,9 +525,12 @@ impl RawMutex {
             self.lock_slow(0, Spin::Untimed, None);
             return;
         }
-        let sampled = sampled || self.sampler.wants_sample(crate::primitives::next_thread_op());
+        let sampled = sampled
+            || self
+                .sampler
+                .wants_sample(crate::primitives::sampling::next_thread_op());
         // Interned before the wait, so it is not part of the measured wait.
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -643,7 +556,7 @@ impl RawMutex {
         }
         self.pending.set(pending);
         if parked && self.adaptive {
-            self.probe.emit_at(op::PARK, CONTENDED, woken_after, site);
+            self.registration.emit_at(op::PARK, CONTENDED, woken_after, site);
         }
     }
 
@@ -655,7 +568,7 @@ impl RawMutex {
         if self.unmeasured() {
             return self.lock_slow(0, Spin::Untimed, deadline).acquired;
         }
-        let site_id = self.probe.site_id(site);
+        let site_id = self.registration.site_id(site);
         let start = clock::ticks();
         let spin = self.spin_policy(start);
         let Slow {
@@ -673,9 +586,12 @@ impl RawMutex {
                 now,
             );
         } else {
-            self.probe
-                .emitter()
-                .emit_sites(op::TRY_LOCK, CONTENDED | MISS, waited, SiteWord::own(site_id));
+            self.registration.emitter().emit_sites(
+                op::TRY_LOCK,
+                CONTENDED | MISS,
+                waited,
+                SiteWord::own(site_id),
+            );
         }
         acquired
     }
@@ -695,126 +611,31 @@ impl RawMutex {
         }
     }
 
-    /// `parking_lot`'s lock slow path with a choice of spin. `start` is a
-    /// tick reading taken just before the call.
-    ///
-    /// The wait's end (`at`) is read just before each load of the lock
-    /// word, not after a load finds the lock free: between that load and
-    /// the compare-and-swap that takes the lock nothing else runs, so the
-    /// clock read neither delays the hand-over nor lands in the critical
-    /// section. A compare-and-swap that loses a race keeps the reading of
-    /// the load before it, so a wait can read short by that one attempt.
+    /// `parking_lot`'s lock slow path ([`protocol::lock_slow`]) with this
+    /// lock's choice of spin and its clock readings ([`Waiting`]). `start`
+    /// is a tick reading taken just before the call.
     pub(super) fn lock_slow(&self, start: u64, spin: Spin, deadline: Option<Instant>) -> Slow {
-        let timed = !matches!(spin, Spin::Untimed);
-        let tick = || if timed { clock::ticks() } else { 0 };
-        let mut spinwait = SpinWait::new();
-        let mut parked = false;
-        let mut woken_after = 0;
-        let mut at = start;
-        let mut state = self.state.load(Ordering::Relaxed);
-        loop {
-            // Take the lock if it is free, even if others are parked.
-            if state & LOCKED_BIT == 0 {
-                match self.state.compare_exchange_weak(
-                    state,
-                    state | LOCKED_BIT,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        return Slow {
-                            acquired: true,
-                            parked,
-                            at,
-                            woken_after,
-                        };
-                    }
-                    Err(now) => state = now,
-                }
-                continue;
-            }
-            let spin_more = match spin {
-                Spin::ParkingLot | Spin::Untimed => {
-                    state & PARKED_BIT == 0 && spinwait.spin() && {
-                        at = tick();
-                        true
-                    }
-                }
-                Spin::Until(until) => {
-                    for _ in 0..PAUSES_PER_POLL {
-                        hint::spin_loop();
-                    }
-                    // One reading for both the budget and the wait's end.
-                    at = clock::ticks();
-                    at < until
-                }
-            };
-            if spin_more {
-                state = self.state.load(Ordering::Relaxed);
-                continue;
-            }
-            // Announce a parked thread, then park. Counted in `parkers`
-            // first: the Release below publishes the count with the bit.
-            self.parkers.fetch_add(1, Ordering::Relaxed);
-            if state & PARKED_BIT == 0
-                && let Err(now) = self.state.compare_exchange_weak(
-                    state,
-                    state | PARKED_BIT,
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                )
-            {
-                self.parkers.fetch_sub(1, Ordering::Relaxed);
-                state = now;
-                continue;
-            }
-            let addr = self as *const Self as usize;
-            let validate = || self.state.load(Ordering::Relaxed) & !COUNT_BITS == LOCKED_BIT | PARKED_BIT;
-            let timed_out = |_, was_last_thread| {
-                // Clear the parked bit if we were the last parked thread.
-                if was_last_thread {
-                    self.state.fetch_and(!PARKED_BIT, Ordering::Relaxed);
-                }
-            };
-            // SAFETY: `addr` is this lock's address, which only this lock
-            // parks and unparks on; `validate` and `timed_out` only touch
-            // the lock word (they neither panic nor call into
-            // `parking_lot_core`), and the empty `before_sleep` does not
-            // park.
-            let result = unsafe {
-                parking_lot_core::park(addr, validate, || {}, timed_out, DEFAULT_PARK_TOKEN, deadline)
-            };
-            self.parkers.fetch_sub(1, Ordering::Relaxed);
-            at = tick();
-            match result {
-                ParkResult::Unparked(token) => {
-                    parked = true;
-                    if let Some(ticks) = wake_ticks(token, at) {
-                        woken_after = ticks;
-                    }
-                    // The unlocking thread handed the lock over, still locked.
-                    if token.0 & TOKEN_HANDOFF_BIT != 0 {
-                        return Slow {
-                            acquired: true,
-                            parked,
-                            at,
-                            woken_after,
-                        };
-                    }
-                }
-                ParkResult::Invalid => {}
-                ParkResult::TimedOut => {
-                    parked = true;
-                    return Slow {
-                        acquired: false,
-                        parked,
-                        at,
-                        woken_after,
-                    };
-                }
-            }
-            spinwait.reset();
-            state = self.state.load(Ordering::Relaxed);
+        let mut wait = Waiting {
+            timed: !matches!(spin, Spin::Untimed),
+            spin,
+            spinwait: SpinWait::new(),
+            parked: false,
+            woken_after: 0,
+            at: start,
+        };
+        let acquired = protocol::lock_slow(
+            &ParkingLot,
+            self.key(),
+            &self.state,
+            &self.parkers,
+            deadline,
+            &mut wait,
+        );
+        Slow {
+            acquired,
+            parked: wait.parked,
+            at: wait.at,
+            woken_after: wait.woken_after,
         }
     }
 
@@ -828,34 +649,9 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn unlock_slow(&self, force_fair: bool, count: u16) -> u16 {
-        let addr = self as *const Self as usize;
-        let mut replaced = 0;
-        let callback = |result: UnparkResult| {
-            // Plain stores, as in `parking_lot`: the lock is still ours and
-            // the queue is locked, so the one concurrent change is a waiter
-            // setting PARKED_BIT before it parks, and its park re-validates
-            // the word under the queue lock after this callback. (Another
-            // thread's `lock bts` finds the bit set and changes nothing; an
-            // earlier holder's `wake_one_released` runs under the same
-            // queue lock.) The count bits are only changed by the holder.
-            replaced = self.state.load(Ordering::Relaxed);
-            let counted = (replaced & COUNT_BITS).wrapping_add(count);
-            let parked = if result.have_more_threads { PARKED_BIT } else { 0 };
-            if result.unparked_threads != 0 && (force_fair || result.be_fair) {
-                // Keep the lock locked for the woken thread.
-                self.state.store(counted | parked | LOCKED_BIT, Ordering::Relaxed);
-                return self.wake_token(&result, true);
-            }
-            self.state.store(counted | parked, Ordering::Release);
-            self.wake_token(&result, false)
-        };
-        // SAFETY: `addr` is this lock's address (see `lock_slow`); the
-        // callback only stores to the lock word and a local, and does not
-        // panic or call into `parking_lot_core`.
-        unsafe {
-            parking_lot_core::unpark_one(addr, callback);
-        }
-        replaced
+        protocol::unlock_slow(&ParkingLot, self.key(), &self.state, force_fair, count, |r, h| {
+            self.wake_token(r, h)
+        })
     }
 
     /// After a release that counted one uncontended `lock`: from the word
@@ -871,22 +667,16 @@ impl RawMutex {
     }
 
     /// [`counted`](Self::counted)'s rare part, run after the release: only
-    /// the probe (never written after construction; `&self` keeps the
+    /// the registration (never written after construction; `&self` keeps the
     /// mutex alive for the call) and the atomics of the policy cache.
     #[cold]
     #[inline(never)]
     pub(super) fn count_or_refresh(&self, count: LockCount) {
         if let Some(covers) = count.due() {
-            self.probe.emit(op::LOCK, COUNT, u64::from(covers));
+            self.registration.emit(op::LOCK, COUNT, u64::from(covers));
         }
         if count.ends_a_batch() && !self.unmeasured() {
-            HOLD_DRAW.with(|draw| {
-                // (`FIRST_DRAW` only until the thread's first measured
-                // `lock`, which comes before any count.)
-                if draw.get() == 0 || draw.get() == FIRST_DRAW {
-                    draw.set(HOLD_SAMPLE_EVERY);
-                }
-            });
+            DRAWS.owe_batch(HOLD_SAMPLE_EVERY);
         }
         if count.refresh_due() {
             self.refresh_policy();
@@ -963,7 +753,7 @@ impl RawMutex {
     #[cold]
     #[inline(never)]
     pub(super) fn emit_hold(&self, start: u64, ended: u64) {
-        self.probe.emit(op::UNLOCK, 0, held(start, ended));
+        self.registration.emit(op::UNLOCK, 0, hold_ticks(start, ended));
     }
 
     /// [`release`](Self::release) of a hold whose acquisition was not a
@@ -1015,7 +805,7 @@ impl RawMutex {
         if plain {
             self.counted(replaced);
         }
-        let emitter = self.probe.emitter();
+        let emitter = self.registration.emitter();
         if let Some((op, flags, latency)) = acquisition {
             // A waited acquisition carries its sites; a `try_lock` that
             // got the lock at once neither waited nor missed.
@@ -1027,7 +817,7 @@ impl RawMutex {
             emitter.emit_sites(op, flags, latency, sites);
         }
         if let Some(start) = hold_start {
-            emitter.emit(op::UNLOCK, 0, held(start, ended));
+            emitter.emit(op::UNLOCK, 0, hold_ticks(start, ended));
         }
     }
 
@@ -1039,7 +829,7 @@ impl RawMutex {
         // Nothing of the lock is read before the `lock bts` (a load of its
         // line there costs a hammered lock its exclusive ownership), and
         // nothing is stored but the lock word.
-        let draw = HOLD_DRAW.with(Cell::get);
+        let draw = DRAWS.owed();
         if draw != 0 {
             self.lock_drawing_a_sample(draw, site);
             return;
@@ -1058,7 +848,7 @@ impl RawMutex {
             self.acquired(Acquired::TryLock, 0);
             true
         } else {
-            self.probe.emit_at(op::TRY_LOCK, MISS, 0, site);
+            self.registration.emit_at(op::TRY_LOCK, MISS, 0, site);
             false
         }
     }
@@ -1084,6 +874,68 @@ impl RawMutex {
             self.pending.set(PENDING_QUIET);
         }
         acquired
+    }
+}
+
+/// A waiting `lock`'s spin policy and clock readings, for
+/// [`protocol::lock_slow`]. The wait's end (`at`) is read just before each
+/// load of the lock word, not after a load finds the lock free: between that
+/// load and the compare-and-swap that takes the lock nothing else runs, so
+/// the clock read neither delays the hand-over nor lands in the critical
+/// section. A compare-and-swap that loses a race keeps the reading of the
+/// load before it, so a wait can read short by that one attempt.
+pub(super) struct Waiting {
+    /// Whether the wait reads the clock at all.
+    timed: bool,
+    spin: Spin,
+    spinwait: SpinWait,
+    /// Whether the thread parked.
+    parked: bool,
+    /// The last wake-up's latency, from the token's clock reading.
+    woken_after: u64,
+    /// The last clock reading.
+    at: u64,
+}
+
+impl Waiting {
+    fn tick(&self) -> u64 {
+        if self.timed { clock::ticks() } else { 0 }
+    }
+}
+
+impl protocol::Wait for Waiting {
+    fn spin(&mut self, state: u16) -> bool {
+        match self.spin {
+            Spin::ParkingLot | Spin::Untimed => {
+                state & PARKED_BIT == 0 && self.spinwait.spin() && {
+                    self.at = self.tick();
+                    true
+                }
+            }
+            Spin::Until(until) => {
+                for _ in 0..PAUSES_PER_POLL {
+                    hint::spin_loop();
+                }
+                // One reading for both the budget and the wait's end.
+                self.at = clock::ticks();
+                self.at < until
+            }
+        }
+    }
+
+    fn parked(&mut self, how: protocol::Parked) {
+        self.at = self.tick();
+        match how {
+            protocol::Parked::Woken(token) => {
+                self.parked = true;
+                if let Some(ticks) = wake_ticks(token, self.at) {
+                    self.woken_after = ticks;
+                }
+            }
+            protocol::Parked::TimedOut => self.parked = true,
+            protocol::Parked::Invalid => {}
+        }
+        self.spinwait.reset();
     }
 }
 

@@ -805,22 +805,22 @@ fn a_pending_draw_outlives_64_unobserved_locks_at_most() {
     // a batch (within 64 uncontended `lock`s) leaves the next.
     drop(observed.lock());
     let mut locks = 1;
-    while HOLD_DRAW.with(Cell::get) == 0 && locks < 200 {
+    while DRAWS.owed() == 0 && locks < 200 {
         drop(observed.lock());
         locks += 1;
     }
-    let pending = HOLD_DRAW.with(Cell::get);
+    let pending = DRAWS.owed();
     assert!(
-        pending != 0 && pending != FIRST_DRAW,
+        pending != 0 && pending != HoldDraw::FIRST,
         "a draw is pending: {pending}"
     );
     assert!(locks <= 65, "the draw came after {locks} locks");
     for _ in 0..63 {
         drop(unobserved.lock());
     }
-    assert_eq!(HOLD_DRAW.with(Cell::get), pending, "kept for 63");
+    assert_eq!(DRAWS.owed(), pending, "kept for 63");
     drop(unobserved.lock());
-    assert_eq!(HOLD_DRAW.with(Cell::get), 0, "dropped at the 64th");
+    assert_eq!(DRAWS.owed(), 0, "dropped at the 64th");
 }
 
 #[test]

@@ -1,27 +1,11 @@
 //! The lock word of [`RawMutex`]: `parking_lot`'s lock and
 //! parked bits, then a count of uncontended `lock`s, and the wake token.
 
-use super::*;
+use crate::primitives::counting;
 
-/// The lock word's bits: `parking_lot`'s two, then the count.
-pub(super) const LOCKED_BIT: u16 = 0b01;
-/// Some thread is (or may be) parked on the lock.
-pub(super) const PARKED_BIT: u16 = 0b10;
-/// Bits 2–15 of the lock word: the uncontended `lock`s released so far,
-/// modulo 2^14. A plain hold's release adds [`COUNT_ONE`] in the same
-/// atomic operation that clears [`LOCKED_BIT`], so counting costs the
-/// fast path no store of its own. Only the lock holder changes them.
-pub(super) const COUNT_SHIFT: u32 = 2;
-/// One uncontended `lock` in the lock word.
-pub(super) const COUNT_ONE: u16 = 1 << COUNT_SHIFT;
-/// The count bits of the lock word.
-pub(super) const COUNT_BITS: u16 = !(LOCKED_BIT | PARKED_BIT);
-/// The largest count the lock word holds; the next `lock` wraps it to 0.
-pub(super) const COUNT_MAX: u16 = COUNT_BITS >> COUNT_SHIFT;
-/// Unpark token bit: the lock was handed to the woken thread, still
-/// locked (clear: try to take it again). The token's other bits carry, for
-/// an adaptive lock, the waker's clock (see [`RawMutex::wake_token`]).
-pub(super) const TOKEN_HANDOFF_BIT: usize = 1;
+pub(super) use super::protocol::{
+    COUNT_BITS, COUNT_MAX, COUNT_ONE, COUNT_SHIFT, LOCKED_BIT, PARKED_BIT, TOKEN_HANDOFF_BIT,
+};
 /// The clock bits of an unpark token (the tick reading, truncated).
 pub(super) const TOKEN_TICKS_MASK: usize = usize::MAX >> 1;
 
@@ -29,8 +13,8 @@ pub(super) const TOKEN_TICKS_MASK: usize = usize::MAX >> 1;
 /// least 1; `None` if it carries none, or if `now` reads before it (clocks
 /// of two CPUs out of step). Wraps with the token's width, which only a
 /// 32-bit target (2^31 ticks, under a second) could reach.
-pub(super) fn wake_ticks(token: UnparkToken, now: u64) -> Option<u64> {
-    let sent = token.0 >> 1;
+pub(super) fn wake_ticks(token: usize, now: u64) -> Option<u64> {
+    let sent = token >> 1;
     if sent == 0 {
         return None;
     }
@@ -45,7 +29,7 @@ pub(super) const PAUSES_PER_POLL: u32 = 4;
 /// Uncontended `lock`s per count observation once a lock is past its first
 /// 64 (see the module docs). A power of two that divides the lock word's
 /// count range.
-pub const COUNT_BATCH: u32 = 64;
+pub const COUNT_BATCH: u32 = crate::primitives::counting::BATCH as u32;
 const _: () = assert!(COUNT_BATCH.is_power_of_two() && COUNT_BATCH <= COUNT_MAX as u32 + 1);
 
 /// The lock word's count of uncontended `lock`s (modulo 2^14), read from the
@@ -81,23 +65,14 @@ impl LockCount {
     /// `self.0 + 1`-th of the word's count) ends a count: the 1st, 2nd,
     /// 4th … 64th of the lock's life, then every [`COUNT_BATCH`]th.
     /// Returns how many `lock`s the count covers.
+    /// (The [`counting`] schedule, on the
+    /// word's count.)
     pub(super) fn due(self) -> Option<u32> {
-        let nth = u32::from(self.0) % COUNT_BATCH + 1;
-        if nth == COUNT_BATCH {
-            Some(if self.young() {
-                COUNT_BATCH / 2
-            } else {
-                COUNT_BATCH
-            })
-        } else if self.young() && nth.is_power_of_two() {
-            Some(nth - nth / 2)
-        } else {
-            None
-        }
+        counting::count_ending_at(u64::from(self.0) + 1).map(|n| n as u32)
     }
 
     /// Whether the `lock` taken at this count is the last of a batch of
-    /// [`COUNT_BATCH`] (it schedules a hold-sampler draw, see `HOLD_DRAW`).
+    /// [`COUNT_BATCH`] (it schedules a hold-sampler draw, see [`HoldDraw`]).
     pub(super) fn ends_a_batch(self) -> bool {
         u32::from(self.0) % COUNT_BATCH == COUNT_BATCH - 1
     }
@@ -110,15 +85,7 @@ impl LockCount {
 
     /// How many of the `lock`s counted so far no count covers yet.
     pub(super) fn uncounted(self) -> u32 {
-        let done = u32::from(self.0) % COUNT_BATCH;
-        if !self.young() {
-            done
-        } else if done == 0 {
-            0
-        } else {
-            // The last count ended at the highest power of two ≤ done.
-            done - (1 << done.ilog2())
-        }
+        counting::uncounted(u64::from(self.0)) as u32
     }
 
     /// The count after one more `lock`.

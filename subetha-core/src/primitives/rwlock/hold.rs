@@ -74,10 +74,6 @@ thread_local! {
     /// itself just after the release, the pointer would pull the lock's
     /// line back from the thread taking the lock next.
     pub(super) static LAST_READ: Cell<(usize, *const OpCounts<2>)> = const { Cell::new((0, std::ptr::null())) };
-    /// A draw of the hold sampler this thread owes its next acquisition
-    /// of an observed `RwLock`, as its weight (0: none; see the module
-    /// docs), or [`FIRST_DRAW`].
-    pub(super) static RW_HOLD_DRAW: Cell<u64> = const { Cell::new(FIRST_DRAW) };
     /// The [`SiteWord`] of the wait being recorded, set by the slow paths
     /// around their `acquired_*` call for [`RawRwLock::record`] to take
     /// (so the fast paths' reports need no site argument).
@@ -92,9 +88,6 @@ pub(super) fn with_wait_sites(sites: u32, f: impl FnOnce()) {
     WAIT_SITES.set(0);
 }
 
-/// `RW_HOLD_DRAW` of a thread that has taken no observed `RwLock` yet: its
-/// first acquisition of one draws with weight 1. An unobserved lock that
-/// finds it clears it, so a thread that takes only unobserved locks reads
-/// one thread-local and no more; a draw that counts left, it leaves for a
-/// while (see [`unobserved_lock_drops_draw`]).
-pub(super) const FIRST_DRAW: u64 = u64::MAX;
+/// This thread's draw of the `RwLock`s' hold sampler ([`HoldDraw`]; see the
+/// module docs), paid by its next acquisition of an observed `RwLock`.
+pub(super) const DRAWS: HoldDraw = HoldDraw::RWLOCK;

@@ -4,8 +4,26 @@
 use super::raw::*;
 use super::*;
 
-// SAFETY: exclusion is `parking_lot::RawRwLock`'s: every method acquires or
-// releases through it exactly as its own implementation would.
+// SAFETY: exclusion has two sources, and every path relies on one of them.
+// (1) Holds through the lock word are `parking_lot::RawRwLock`'s: every
+// method acquires or releases the word exactly as its own implementation
+// would. (2) A shared hold taken through the thread's reader slot
+// (`read_biased`, from `lock_shared`, `try_lock_shared` and the recursive and
+// timed reads) never touches the word, so the word does not exclude writers
+// from it; the bias revocation of `reader_bias` does. Every exclusive
+// acquisition (`lock_exclusive`, `try_lock_exclusive`, the timed ones, every
+// upgrade) takes the word exclusively and then, before it returns, clears
+// the bias and waits until no reader slot names this lock
+// (`exclude_biased_readers`), or gives the word back and fails without having
+// entered (`excluded_or_given_back`, which may set the bias again first). A
+// reader holds through its slot only if it saw the bias still set after
+// publishing its slot (`reader_bias::enter`: the SeqCst handshake that
+// `reader_bias::loom_tests::a_revoking_writer_never_overlaps_a_reader_inside`
+// model-checks), and only a reader holding the word shared sets the bias
+// (`rebias`), so never while a writer holds the lock. A thread already
+// holding the lock through its slot may re-enter it without the check
+// (`reenter`): the hold it extends is one a revoking writer waits for.
+// `tests::a_writer_never_overlaps_a_biased_reader` checks the whole of it.
 unsafe impl lock_api::RawRwLock for RawRwLock {
     /// An unobserved raw lock (no instance).
     #[allow(clippy::declare_interior_mutable_const)]
@@ -100,7 +118,9 @@ unsafe impl lock_api::RawRwLock for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockFair for RawRwLock {
     #[inline]
     unsafe fn unlock_shared_fair(&self) {
@@ -146,7 +166,9 @@ unsafe impl lock_api::RawRwLockFair for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockDowngrade for RawRwLock {
     #[inline]
     unsafe fn downgrade(&self) {
@@ -157,7 +179,9 @@ unsafe impl lock_api::RawRwLockDowngrade for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     type Duration = Duration;
     type Instant = Instant;
@@ -213,7 +237,9 @@ unsafe impl lock_api::RawRwLockTimed for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     #[inline]
     #[track_caller]
@@ -244,7 +270,9 @@ unsafe impl lock_api::RawRwLockRecursive for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     #[inline]
     #[track_caller]
@@ -271,7 +299,9 @@ unsafe impl lock_api::RawRwLockRecursiveTimed for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     /// Pushed at once, in the hold: an upgradable hold is rarer than a
     /// read, and its release is not a read unlock.
@@ -279,12 +309,12 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     #[track_caller]
     fn lock_upgradable(&self) {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::READ, 0, 0);
+            self.registration.emit(op::READ, 0, 0);
         } else {
             let site = Location::caller();
             let start = clock::ticks();
             self.inner.lock_upgradable();
-            self.probe.emit_at(op::READ, CONTENDED, since(start), site);
+            self.registration.emit_at(op::READ, CONTENDED, since(start), site);
         }
     }
 
@@ -293,9 +323,10 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     fn try_lock_upgradable(&self) -> bool {
         let acquired = self.inner.try_lock_upgradable();
         if acquired {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
         } else {
-            self.probe.emit_at(op::TRY_READ, MISS, 0, Location::caller());
+            self.registration
+                .emit_at(op::TRY_READ, MISS, 0, Location::caller());
         }
         acquired
     }
@@ -333,7 +364,9 @@ unsafe impl lock_api::RawRwLockUpgrade for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockUpgradeFair for RawRwLock {
     #[inline]
     unsafe fn unlock_upgradable_fair(&self) {
@@ -348,7 +381,9 @@ unsafe impl lock_api::RawRwLockUpgradeFair for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
     #[inline]
     unsafe fn downgrade_upgradable(&self) {
@@ -365,19 +400,21 @@ unsafe impl lock_api::RawRwLockUpgradeDowngrade for RawRwLock {
     }
 }
 
-// SAFETY: forwards to `parking_lot::RawRwLock`.
+// SAFETY: as for `lock_api::RawRwLock` above: word holds are
+// `parking_lot::RawRwLock`'s, and biased shared holds are excluded by the
+// revocation every exclusive path runs before it returns.
 unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
     #[inline]
     #[track_caller]
     fn try_lock_upgradable_for(&self, timeout: Duration) -> bool {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
             return true;
         }
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_for(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe
+        self.registration
             .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }
@@ -386,13 +423,13 @@ unsafe impl lock_api::RawRwLockUpgradeTimed for RawRwLock {
     #[track_caller]
     fn try_lock_upgradable_until(&self, timeout: Instant) -> bool {
         if self.inner.try_lock_upgradable() {
-            self.probe.emit(op::TRY_READ, 0, 0);
+            self.registration.emit(op::TRY_READ, 0, 0);
             return true;
         }
         let start = clock::ticks();
         let acquired = self.inner.try_lock_upgradable_until(timeout);
         let flags = if acquired { CONTENDED } else { CONTENDED | MISS };
-        self.probe
+        self.registration
             .emit_at(op::TRY_READ, flags, since(start), Location::caller());
         acquired
     }

@@ -45,7 +45,7 @@
 //!
 //! Hold sampling is decided before the acquisition, as the
 //! [`Mutex`](super::Mutex)'s is: a count that covers `k` uncontended
-//! operations leaves its thread a draw of weight `k` (`RW_HOLD_DRAW`), and
+//! operations leaves its thread a draw of weight `k` (`sampling::HoldDraw`), and
 //! the thread's next acquisition of an observed `RwLock` pays it (up to
 //! 64 acquisitions of unobserved locks in between leave it be): sampled
 //! with probability `k` / the lock's level, its clock read before the
@@ -96,10 +96,8 @@ use lock_api::{
 use super::held::{HoldRecord, Records, hold_records};
 use super::op_counts::{BATCH, OpCounts};
 use super::reader_bias::{self, BiasPolicy, RevokeWait};
-use super::{
-    CONTENDED, COUNT, MISS, PolicyWord, Probe, Sampler, draw_paid, next_hold_random, next_thread_op, since,
-    unobserved_lock_drops_draw,
-};
+use super::sampling::{HoldDraw, Sampler, next_thread_op};
+use super::{CONTENDED, COUNT, MISS, PolicyWord, Registration, since};
 use crate::clock;
 use crate::registry::InstanceKind;
 use crate::site::SiteWord;

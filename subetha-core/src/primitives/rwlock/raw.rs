@@ -61,7 +61,7 @@ pub(super) struct Observed {
 ///
 /// | bytes | fields | read | written |
 /// |---|---|---|---|
-/// | 0–15 | `sampler`, `probe`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes; a policy refresh, at most once a millisecond |
+/// | 0–15 | `sampler`, `registration`, `bias` | `bias`: every operation; the rest every 64th and slow paths | the bias's changes; a policy refresh, at most once a millisecond |
 /// | 16–31 | `observed` | every operation | never |
 /// | 32–39 (+ data) | `parking_lot`'s word | every operation | every operation |
 ///
@@ -73,7 +73,7 @@ pub(super) struct Observed {
 #[repr(C)]
 pub struct RawRwLock {
     pub(super) sampler: Sampler,
-    pub(super) probe: Probe,
+    pub(super) registration: Registration,
     /// Set: reads may take the lock through their thread's reader slot,
     /// without touching the lock word (see [`reader_bias`]). Only ever
     /// set on an observed lock, by a reader holding the word shared.
@@ -109,7 +109,7 @@ const _: () = {
 };
 
 /// Reports the uncontended `read`s and `write`s no count covers yet,
-/// before the probe (dropped after this) unregisters the instance.
+/// before the registration (dropped after this) unregisters the instance.
 impl Drop for RawRwLock {
     fn drop(&mut self) {
         let Some(observed) = self.observed.as_mut() else {
@@ -119,7 +119,7 @@ impl Drop for RawRwLock {
         let [read, write] = observed.counts.take_uncounted();
         for (op, rest) in [(op::READ, read), (op::WRITE, write)] {
             if rest != 0 {
-                self.probe.emit(op, COUNT, rest);
+                self.registration.emit(op, COUNT, rest);
             }
         }
     }
@@ -128,7 +128,7 @@ impl Drop for RawRwLock {
 impl fmt::Debug for RawRwLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawRwLock")
-            .field("instance_id", &self.probe.id())
+            .field("instance_id", &self.registration.id())
             .field("locked", &self.inner.is_locked())
             .finish()
     }
@@ -141,22 +141,22 @@ impl RawRwLock {
             _spare: [0; 8],
             bias: AtomicBool::new(false),
             sampler: Sampler::new(),
-            probe: Probe::NONE,
+            registration: Registration::NONE,
             observed: None,
         }
     }
 
     pub(super) fn register(name: Option<&str>, site: &'static Location<'static>) -> Self {
-        let probe = Probe::register(KIND, name, site);
+        let registration = Registration::register(KIND, name, site);
         // A lock the instance table had no room for stays unobserved.
-        let observed = probe.id().map(|_| {
+        let observed = registration.id().map(|_| {
             Box::new(Observed {
                 counts: OpCounts::new(),
                 bias_policy: BiasPolicy::new(),
             })
         });
         let mut raw = Self::unobserved();
-        raw.probe = probe;
+        raw.registration = registration;
         raw.observed = observed;
         raw.refresh_policy();
         raw
@@ -164,12 +164,12 @@ impl RawRwLock {
 
     /// The instance id, `None` when unobserved.
     pub fn instance_id(&self) -> Option<u32> {
-        self.probe.id()
+        self.registration.id()
     }
 
     /// Re-reads the policy word now and returns it.
     pub fn refresh_policy(&self) -> PolicyWord {
-        let word = self.probe.policy_word();
+        let word = self.registration.policy_word();
         self.sampler.apply(word);
         word
     }
@@ -188,7 +188,7 @@ impl RawRwLock {
     /// thread-local read, and out of line the draw this thread owes.
     #[inline(always)]
     pub(super) fn ticket(&self) -> Ticket {
-        let weight = RW_HOLD_DRAW.with(Cell::get);
+        let weight = DRAWS.owed();
         if weight != 0 {
             self.drawn_ticket(weight)
         } else {
@@ -201,23 +201,15 @@ impl RawRwLock {
     /// once the weight covers it), its clock read now, before the lock is
     /// taken. A lock sampled finer than a count's batch leaves the next
     /// acquisition a draw of weight 1.
-    /// An unobserved lock pays no draw (see
-    /// [`unobserved_lock_drops_draw`]).
+    /// An unobserved lock pays no draw ([`HoldDraw::pass_by`]).
     #[cold]
     #[inline(never)]
-    pub(super) fn drawn_ticket(&self, weight: u64) -> Ticket {
+    pub(super) fn drawn_ticket(&self, weight: u32) -> Ticket {
         if self.observed.is_none() {
-            if unobserved_lock_drops_draw(weight == FIRST_DRAW) {
-                RW_HOLD_DRAW.with(|draw| draw.set(0));
-            }
+            DRAWS.pass_by(weight);
             return Ticket::REPORTED;
         }
-        draw_paid();
-        let weight = if weight == FIRST_DRAW { 1 } else { weight };
-        let mask = self.sampler.mask();
-        let fine = mask != Sampler::OFF && u64::from(mask) < BATCH - 1;
-        RW_HOLD_DRAW.with(|draw| draw.set(u64::from(fine)));
-        let sampled = mask != Sampler::OFF && u64::from(next_hold_random() & mask) < weight;
+        let sampled = DRAWS.pay(weight, self.sampler.mask(), BATCH as u32);
         Ticket {
             start: if sampled { clock::ticks().max(1) } else { 0 },
             rebias: !self.bias.load(Ordering::Relaxed),
@@ -244,7 +236,8 @@ impl RawRwLock {
     /// hold's start (`now` if the acquisition read the clock, else the
     /// clock now) or 0.
     pub(super) fn sample_reported(&self, now: u64) -> u64 {
-        self.sampler.bookkeeping(&self.probe, next_thread_op(), now)
+        self.sampler
+            .bookkeeping(&self.registration, next_thread_op(), now)
     }
 
     /// Pushes a count, out of line so the acquisition stays short; leaves
@@ -253,13 +246,8 @@ impl RawRwLock {
     #[cold]
     #[inline(never)]
     pub(super) fn emit_count(&self, op: u16, covered: u64) {
-        self.probe.emit(op, COUNT, covered);
-        RW_HOLD_DRAW.with(|draw| {
-            // (`FIRST_DRAW` only until the thread's first acquisition of an
-            // observed lock, which comes before any count of one.)
-            let owed = if draw.get() == FIRST_DRAW { 1 } else { draw.get() };
-            draw.set(owed.saturating_add(covered).min(FIRST_DRAW - 1));
-        });
+        self.registration.emit(op, COUNT, covered);
+        DRAWS.owe(u32::try_from(covered).unwrap_or(u32::MAX));
         self.refresh_policy();
     }
 
@@ -441,7 +429,7 @@ impl RawRwLock {
         match self.exclude_biased_readers(Revocation::Wait) {
             Ok(0) => self.acquired_exclusive(op, 0, 0, ticket, 0),
             waited => {
-                let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
+                let sites = SiteWord::own(self.registration.site_id(Location::caller())).0;
                 with_wait_sites(sites, || {
                     self.acquired_exclusive(op, CONTENDED, waited.unwrap_or(1), ticket, 0)
                 });
@@ -599,13 +587,14 @@ impl RawRwLock {
         match (report.op, report.flags) {
             (0, _) => {}
             (op, 0) if op == S::PLAIN => self.count(counts, op),
-            (op, flags) => self
-                .probe
-                .emitter()
-                .emit_sites(op, flags, report.latency, SiteWord(report.sites)),
+            (op, flags) => {
+                self.registration
+                    .emitter()
+                    .emit_sites(op, flags, report.latency, SiteWord(report.sites))
+            }
         }
         if report.hold_start != 0 {
-            self.probe.emit(S::UNLOCK, 0, since(report.hold_start));
+            self.registration.emit(S::UNLOCK, 0, since(report.hold_start));
         }
     }
 
@@ -620,7 +609,7 @@ impl RawRwLock {
     /// After a write hold's release (or downgrade): counts an uncontended
     /// `write`; else reports this thread's record of the hold. `counts`
     /// was read before the release, so nothing here reads the lock's own
-    /// line but the probe of a push.
+    /// line but the registration of a push.
     #[inline(always)]
     pub(super) fn report_write_end(&self, counts: Option<&OpCounts<2>>) {
         if Writes.held() == 0 {
@@ -678,7 +667,7 @@ impl RawRwLock {
             return;
         }
         // Interned before the wait, so it is not part of the measured wait.
-        let sites = SiteWord::own(self.probe.site_id(Location::caller())).0;
+        let sites = SiteWord::own(self.registration.site_id(Location::caller())).0;
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -713,7 +702,7 @@ impl RawRwLock {
             }
             return acquired;
         }
-        let sites = SiteWord::own(self.probe.site_id(Location::caller()));
+        let sites = SiteWord::own(self.registration.site_id(Location::caller()));
         let start = clock::ticks();
         if self.sampler.slow_path_due(start) {
             self.refresh_policy();
@@ -729,7 +718,7 @@ impl RawRwLock {
                 self.acquired_shared(op, CONTENDED, waited, ticket, now)
             }),
             (false, _) => self
-                .probe
+                .registration
                 .emitter()
                 .emit_sites(op, CONTENDED | MISS, waited, sites),
         }
@@ -742,7 +731,7 @@ impl RawRwLock {
         if acquired {
             self.acquired_shared(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit_at(op, MISS, 0, Location::caller());
+            self.registration.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }
@@ -753,7 +742,7 @@ impl RawRwLock {
         if acquired {
             self.acquired_exclusive(op, 0, 0, ticket, 0);
         } else {
-            self.probe.emit_at(op, MISS, 0, Location::caller());
+            self.registration.emit_at(op, MISS, 0, Location::caller());
         }
         acquired
     }

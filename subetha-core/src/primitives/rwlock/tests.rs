@@ -296,6 +296,112 @@ fn every_acquisition_excludes_writers_while_the_bias_comes_and_goes() {
     assert_eq!(*l.read(), (writes, writes));
 }
 
+/// A writer never overlaps a reader that holds the lock through its reader
+/// slot, without the lock word: there exclusion is the bias revocation's
+/// (see the SAFETY comment on the `lock_api::RawRwLock` impl), not
+/// `parking_lot`'s. Readers mark their holds, and writers theirs, in
+/// SeqCst flags each side checks at both ends of its hold; many writes must
+/// have found a reader inside through its slot, or this would test the
+/// word instead.
+#[test]
+fn a_writer_never_overlaps_a_biased_reader() {
+    use std::sync::atomic::AtomicU32;
+    let l = Arc::new(RwLock::named(&unique("rwlock-bias-overlap"), ()));
+    let readers_inside = Arc::new(AtomicU32::new(0));
+    let writer_inside = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (l, readers_inside, writer_inside, stop) = (
+                Arc::clone(&l),
+                Arc::clone(&readers_inside),
+                Arc::clone(&writer_inside),
+                Arc::clone(&stop),
+            );
+            std::thread::spawn(move || {
+                let (mut reads, mut biased) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = l.read();
+                    biased += u64::from(reader_bias::holds(l.raw().counts_ptr().addr()));
+                    readers_inside.fetch_add(1, Ordering::SeqCst);
+                    assert!(
+                        !writer_inside.load(Ordering::SeqCst),
+                        "a writer is inside a read hold"
+                    );
+                    for _ in 0..20 {
+                        std::hint::spin_loop();
+                    }
+                    assert!(
+                        !writer_inside.load(Ordering::SeqCst),
+                        "a writer came into a read hold"
+                    );
+                    readers_inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(guard);
+                    reads += 1;
+                }
+                (reads, biased)
+            })
+        })
+        .collect();
+    let (mut writes, mut biased_before_write) = (0u32, 0u32);
+    // Until 100 writes came while a reader was inside through its slot (or
+    // 15 s). A writer waits for the readers to have biased the lock again,
+    // and for the bias to have lasted a while (a bias revoked soon after it
+    // is set keeps the lock unbiased longer and longer: `BiasPolicy`).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut attempt = 0u32;
+    while biased_before_write < 100 && Instant::now() < deadline {
+        attempt += 1;
+        while !read_through_a_slot(&l) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        biased_before_write += u32::from(read_through_a_slot(&l));
+        let guard = match attempt % 4 {
+            0 => l.write(),
+            1 => match l.try_write_for(Duration::from_millis(5)) {
+                Some(guard) => guard,
+                None => continue,
+            },
+            2 => RwLockUpgradableReadGuard::upgrade(l.upgradable_read()),
+            _ => match l.try_write() {
+                Some(guard) => guard,
+                None => continue,
+            },
+        };
+        writer_inside.store(true, Ordering::SeqCst);
+        assert_eq!(
+            readers_inside.load(Ordering::SeqCst),
+            0,
+            "a reader is inside the write hold"
+        );
+        for _ in 0..200 {
+            std::hint::spin_loop();
+        }
+        assert_eq!(
+            readers_inside.load(Ordering::SeqCst),
+            0,
+            "a reader came into the write hold"
+        );
+        writer_inside.store(false, Ordering::SeqCst);
+        drop(guard);
+        writes += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (reads, biased) = readers
+        .into_iter()
+        .map(|r| r.join().unwrap())
+        .fold((0, 0), |(a, b), (r, s)| (a + r, b + s));
+    // The overlap this checks for needs readers inside through their slots
+    // when writers come.
+    assert!(
+        biased_before_write >= 100,
+        "only {biased_before_write} of {attempt} writes found a reader inside through its slot \
+         ({biased} of {reads} reads went through one)"
+    );
+    assert!(writes >= attempt / 2, "only {writes} of {attempt} writes");
+}
+
 #[test]
 fn reads_writes_and_misses() {
     let name = unique("rwlock-basic");
