@@ -12,11 +12,10 @@
 //! publishes an [`AgentSnapshot`] every `publish_interval` for the HTTP
 //! server, the exporters and the CLI.
 //!
-//! The scan interval adapts to how full the rings were found, between
-//! `min_scan_interval` and `max_scan_interval`, by the same
-//! [`ScanPacer`] as an application's sidecar: it halves when a ring was
-//! more than half full, returns to the shortest at once after drops, and
-//! grows while every ring stays under an eighth.
+//! The pause between scans follows the fastest ring's measured push rate
+//! ([`RingRates`]): the next scan comes before that ring is a quarter full,
+//! between `min_scan_interval` and `max_scan_interval`, and backs off to
+//! the longest while every ring is idle.
 //!
 //! After the scans, at most every [`POLICY_INTERVAL`] per process, the
 //! agent runs the built-in [`AdaptivePolicy`] of
@@ -43,7 +42,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use subetha_core::ObservationRing;
 use subetha_core::clock;
-use subetha_core::drain::{Drainer, ScanPacer, ScanReport};
+use subetha_core::drain::{Drainer, ScanReport};
 use subetha_core::lease::{LeaseScope, TakeoverRequest, word_pid};
 use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
@@ -62,6 +61,7 @@ use crate::model::{
 use crate::pidns::{PidNamespace, TidMap};
 use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
+use crate::ring_rates::RingRates;
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
 
 /// How the agent behaves.
@@ -251,7 +251,8 @@ struct State {
     scan_durations: LatencyHistogram,
     scan_gaps: LatencyHistogram,
     scan_count: u64,
-    pacer: ScanPacer,
+    /// Each ring's push rate, and the pause before the next scan.
+    rates: RingRates,
     last_scan_end: Option<u64>,
     scanner_tid: u32,
     sched_samples: VecDeque<SchedSample>,
@@ -296,7 +297,11 @@ pub struct AgentHandle {
 impl Agent {
     /// An agent with `config`.
     pub fn new(config: AgentConfig) -> Self {
-        let pacer = ScanPacer::new(config.min_scan_interval, config.max_scan_interval);
+        let rates = RingRates::new(
+            config.min_scan_interval,
+            config.max_scan_interval,
+            ObservationRing::CAPACITY as u64,
+        );
         Self {
             state: State {
                 config,
@@ -314,7 +319,7 @@ impl Agent {
                 scan_durations: LatencyHistogram::new(),
                 scan_gaps: LatencyHistogram::new(),
                 scan_count: 0,
-                pacer,
+                rates,
                 last_scan_end: None,
                 scanner_tid: 0,
                 sched_samples: VecDeque::new(),
@@ -439,7 +444,7 @@ impl Agent {
             self.state.scan_all();
             // The pause runs from the end of the scan: the agent's own work
             // below comes out of it rather than adding to the rings' wait.
-            let next_scan = Instant::now() + self.state.pacer.pause();
+            let next_scan = Instant::now() + self.state.rates.pause();
             self.state.sample_scheduler();
             self.state
                 .timed("reading the probes' events", State::drain_probe_events);
@@ -680,6 +685,11 @@ impl State {
             }
             let report = tracked.drainer.scan();
             tracked.map_thread_ids();
+            self.rates.observe(
+                tracked.pid,
+                tracked.drainer.rings(),
+                report.started_mono_ns.saturating_add(report.duration_ns),
+            );
             load.merge_load(&report);
             tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
@@ -710,7 +720,7 @@ impl State {
             self.update_no_ring(index, ended);
         }
         self.retire_exited();
-        self.pacer.after_scan(&load);
+        self.rates.after_pass(load.rings_left_full);
         self.expire();
     }
 
@@ -724,6 +734,7 @@ impl State {
                 continue;
             }
             let tracked = self.tracked.swap_remove(index);
+            self.rates.forget(tracked.pid);
             if let Some(probes) = self.probes.as_mut() {
                 probes.detach_process(tracked.pid);
                 for ring in tracked.drainer.rings() {
@@ -1264,7 +1275,7 @@ impl State {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 scans: self.scan_count,
-                scan_interval_us: self.pacer.pause().as_micros() as u64,
+                scan_interval_us: self.rates.pause().as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
                 scan_duration_buckets: Buckets::from_histogram(&self.scan_durations, |v| v),

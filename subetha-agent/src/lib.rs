@@ -10,6 +10,8 @@
 //! * [`container`] — the container, pod and service a process belongs to.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
 //! * [`cause`] — why a storm happened, from kernel or /proc evidence.
+//! * [`ring_rates`] — each ring's push rate and when the next scan is due.
+//! * [`history`] — the bounded histories the scan thread keeps.
 //! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent.
@@ -26,6 +28,7 @@ pub mod container;
 pub mod discovery;
 pub mod doctor;
 pub mod export;
+pub mod history;
 pub mod http;
 pub mod logging;
 pub mod metrics;
@@ -37,6 +40,7 @@ pub mod probes;
 pub mod profile;
 pub mod registration;
 pub mod report;
+pub mod ring_rates;
 pub mod sites;
 pub mod top;
 
