@@ -51,7 +51,8 @@ use subetha_core::stats::LatencyHistogram;
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
-use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
+use crate::diagnosis::{self, Facts, OffCpu, OwnWork, SchedSample};
+use crate::sched_sampler::SchedSampler;
 use crate::container::{Identity, LabelFrom};
 use crate::discovery::{self, Candidate, ProcWalker};
 use crate::model::{
@@ -256,7 +257,7 @@ struct State {
     last_scan_end: Option<u64>,
     scanner_tid: u32,
     sched_samples: VecDeque<SchedSample>,
-    sched_sampler: Option<cause::SchedSampler>,
+    sched_sampler: Option<SchedSampler>,
     next_sched_sample_ns: u64,
     off_cpu: VecDeque<OffCpu>,
     /// The scan thread's own work between scans that took at least
@@ -423,7 +424,7 @@ impl Agent {
         {
             tracing::warn!(cpu, %error, "cannot pin the scan thread");
         }
-        self.state.sched_sampler = cause::SchedSampler::for_current_thread();
+        self.state.sched_sampler = SchedSampler::for_current_thread();
         let scanner_tid = self.state.scanner_tid;
         if let Some(probes) = self.state.probes.as_mut() {
             if let Err(error) = probes.attach_scanner(std::process::id(), scanner_tid) {
@@ -975,7 +976,7 @@ impl State {
             let settled = storm
                 .end_mono_ns
                 .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
-            if let Some(verdict) = storm.cause.as_ref().filter(|c| c.kind == cause::NO_RING) {
+            if let Some(verdict) = storm.cause.as_ref().filter(|c| c.kind == diagnosis::NO_RING) {
                 // Its cause is known from the counter; nothing to diagnose.
                 if settled {
                     storm.cause_settled = true;
@@ -1015,11 +1016,11 @@ impl State {
                     .unwrap_or_default(),
                 own_work,
             };
-            let verdict = cause::diagnose(storm, &facts);
+            let verdict = diagnosis::diagnose(storm, &facts);
             // Evidence only ever leaves the bounded histories: a verdict
             // with kernel evidence is not replaced by a weaker one.
             let verdict = match storm.cause.take() {
-                Some(old) if old.confidence == "high" && verdict.confidence != "high" => old,
+                Some(old) if old.confidence > verdict.confidence => old,
                 _ => verdict,
             };
             if settled {
@@ -1123,6 +1124,10 @@ impl State {
                 merged: episode.merged,
                 max_scan_gap_ns: gaps.first().map_or(0, |g| g.end_mono_ns - g.begin_mono_ns),
                 scan_gaps: gaps,
+                attempts_at_open: self
+                    .rates
+                    .last_two(tracked.pid, episode.slot)
+                    .map(|(before, found)| found.attempts().saturating_sub(before.attempts())),
                 cause: None,
                 cause_settled: false,
                 timeline: None,
@@ -1231,15 +1236,18 @@ impl State {
             merged: 0,
             scan_gaps: Vec::new(),
             max_scan_gap_ns: 0,
+            attempts_at_open: None,
             cause: Some(crate::model::Cause {
-                kind: cause::NO_RING.into(),
+                kind: diagnosis::NO_RING.into(),
                 summary: summary(grown),
-                confidence: "high".into(),
+                confidence: crate::model::Confidence::High,
                 evidence: vec![format!(
                     "the segment's lost_no_ring counter grew by {grown} (to {lost}) between two scans; the ring table has {capacity} slots"
                 )],
                 interval: None,
                 culprit: None,
+                rate: None,
+                fix: Some("raise SUBETHA_RING_SLOTS above the number of observing threads".into()),
             }),
             cause_settled: false,
             timeline: None,

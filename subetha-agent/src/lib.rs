@@ -9,7 +9,9 @@
 //! * [`pidns`] — a process's ids in its own pid and user namespaces.
 //! * [`container`] — the container, pod and service a process belongs to.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
-//! * [`cause`] — why a storm happened, from kernel or /proc evidence.
+//! * [`diagnosis`] — why a storm happened (pure: evidence in, cause, rate,
+//!   confidence and fix out); [`sched_sampler`] — the scanner's /proc
+//!   scheduler counters it reads without probes.
 //! * [`ring_rates`] — each ring's push rate and when the next scan is due.
 //! * [`history`] — the bounded histories the scan thread keeps.
 //! * [`registration`] — the socket applications announce segments on.
@@ -21,10 +23,10 @@
 //!   and rate-limited warnings.
 
 pub mod agent;
-pub mod cause;
 pub mod client;
 pub mod config;
 pub mod container;
+pub mod diagnosis;
 pub mod discovery;
 pub mod doctor;
 pub mod export;
@@ -41,6 +43,7 @@ pub mod profile;
 pub mod registration;
 pub mod report;
 pub mod ring_rates;
+pub mod sched_sampler;
 pub mod sites;
 pub mod top;
 

@@ -535,16 +535,26 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
     if FAILED_CLAIM_EPOCH.get() == Some(free_epoch) {
         return Err(RegistryError::RingTableFull { capacity });
     }
-    // A free slot first (touched ones before untouched), and only when there
-    // is none an exited thread's: an adopter starts on its leftovers, and on
-    // a full ring it would drop its own first observations.
-    if let Some(producer) = claim_first(view, 0..capacity, slot_state::FREE) {
-        return Ok(producer);
-    }
-    // Read after the free pass: a slot claimed meanwhile may be orphaned now.
-    let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
-    if let Some(producer) = adopt_emptiest(view, high_water) {
-        return Ok(producer);
+    for look in 0..2 {
+        // A free slot first (touched ones before untouched), and only when
+        // there is none an exited thread's: an adopter starts on its
+        // leftovers, and on a full ring it would drop its own first
+        // observations.
+        if let Some(producer) = claim_first(view, 0..capacity, slot_state::FREE) {
+            return Ok(producer);
+        }
+        // Read after the free pass: a slot claimed meanwhile may be orphaned
+        // now.
+        let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
+        if let Some(producer) = adopt_emptiest(view, high_water) {
+            return Ok(producer);
+        }
+        if look == 0 {
+            // Under thread churn a slot is often a moment from ORPHANED (its
+            // thread is running its exit destructors) or FREE (a consumer is
+            // freeing it): give them the CPU once before counting a loss.
+            std::thread::yield_now();
+        }
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
     // Once per failed look at the table (not per lost observation).

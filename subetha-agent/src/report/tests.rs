@@ -27,7 +27,7 @@ fn preempted_storm() -> StormDetail {
             kind: "scanner_preempted".into(),
             summary: "the scanner was runnable but off-CPU for 50.0 ms on CPU 1, preempted by subetha-hog (pid 4242)"
                 .into(),
-            confidence: "high".into(),
+            confidence: crate::model::Confidence::High,
             evidence: vec!["runqueue wait 50.0 ms".into()],
             interval: Some(Interval {
                 begin_mono_ns: BEGIN - 2 * MS,
@@ -38,6 +38,7 @@ fn preempted_storm() -> StormDetail {
                 comm: "subetha-hog".into(),
                 cpu: 1,
             }),
+            ..Cause::default()
         }),
         cause_settled: true,
         ..StormReport::default()

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use subetha_core::drain::RingRecord;
 
-use crate::cause::OffCpu;
+use crate::diagnosis::OffCpu;
 use crate::model::{
     CpuSpan, DropSample, Interval, RingDrops, ScannerSpan, StormReport, StormTimeline, TaskRef,
 };
