@@ -55,6 +55,7 @@ use crate::diagnosis::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::sched_sampler::SchedSampler;
 use crate::container::{Identity, LabelFrom};
 use crate::discovery::{self, Candidate, ProcWalker};
+use crate::history::BoundedHistory;
 use crate::model::{
     AgentInfo, AgentSnapshot, Buckets, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport,
     ScanGap, StormReport,
@@ -239,16 +240,16 @@ struct State {
     /// Settled storm causes per process, for the monotonic metric.
     cause_counts: HashMap<u32, BTreeMap<String, u64>>,
     /// Final reports of exited processes, oldest first, kept for `retention`.
-    exited: VecDeque<(ProcessReport, Instant)>,
+    exited: BoundedHistory<(ProcessReport, Instant)>,
     registrations: Option<(Registration, Receiver<Registered>)>,
     tracked: Vec<Tracked>,
-    refused: VecDeque<RefusedSegment>,
+    refused: BoundedHistory<RefusedSegment>,
     refused_keys: HashSet<(u32, u64)>,
-    storms: VecDeque<StormReport>,
+    storms: BoundedHistory<StormReport>,
     next_storm_id: u64,
-    scans: VecDeque<(u64, u64)>,
+    scans: BoundedHistory<(u64, u64)>,
     /// Observations drained by each scan in `scans`.
-    scan_drained: VecDeque<u64>,
+    scan_drained: BoundedHistory<u64>,
     scan_durations: LatencyHistogram,
     scan_gaps: LatencyHistogram,
     scan_count: u64,
@@ -256,14 +257,14 @@ struct State {
     rates: RingRates,
     last_scan_end: Option<u64>,
     scanner_tid: u32,
-    sched_samples: VecDeque<SchedSample>,
+    sched_samples: BoundedHistory<SchedSample>,
     sched_sampler: Option<SchedSampler>,
     next_sched_sample_ns: u64,
-    off_cpu: VecDeque<OffCpu>,
+    off_cpu: BoundedHistory<OffCpu>,
     /// The scan thread's own work between scans that took at least
     /// [`OWN_WORK_MIN_NS`], newest last: what a storm's gap may be blamed
     /// on.
-    own_work: VecDeque<OwnWork>,
+    own_work: BoundedHistory<OwnWork>,
     probes_active: bool,
     probes: Option<Probes>,
     probes_note: String,
@@ -273,10 +274,10 @@ struct State {
     /// Per producer thread: the CPU of its latest drop, and its migrations
     /// (ns, from, to), bounded.
     producer_cpus: HashMap<u32, u32>,
-    producer_migrations: HashMap<u32, VecDeque<(u64, u32, u32)>>,
+    producer_migrations: HashMap<u32, BoundedHistory<(u64, u32, u32)>>,
     /// Per producer thread: (ns, CPU) as probe events placed it, bounded;
     /// for storm timelines.
-    producer_cpu_seen: HashMap<u32, VecDeque<(u64, u32)>>,
+    producer_cpu_seen: HashMap<u32, BoundedHistory<(u64, u32)>>,
     /// Per process: its rings' drop counters where they changed, for storm
     /// timelines.
     drop_traces: HashMap<u32, DropTrace>,
@@ -303,31 +304,32 @@ impl Agent {
             config.max_scan_interval,
             ObservationRing::CAPACITY as u64,
         );
+        let storm_history = config.storm_history;
         Self {
             state: State {
                 config,
                 uninitialised: HashMap::new(),
                 cause_counts: HashMap::new(),
-                exited: VecDeque::new(),
+                exited: BoundedHistory::new(EXITED_HISTORY),
                 registrations: None,
                 tracked: Vec::new(),
-                refused: VecDeque::new(),
+                refused: BoundedHistory::new(REFUSED_HISTORY),
                 refused_keys: HashSet::new(),
-                storms: VecDeque::new(),
+                storms: BoundedHistory::new(storm_history),
                 next_storm_id: 1,
-                scans: VecDeque::new(),
-                scan_drained: VecDeque::new(),
+                scans: BoundedHistory::new(SCAN_HISTORY),
+                scan_drained: BoundedHistory::new(SCAN_HISTORY),
                 scan_durations: LatencyHistogram::new(),
                 scan_gaps: LatencyHistogram::new(),
                 scan_count: 0,
                 rates,
                 last_scan_end: None,
                 scanner_tid: 0,
-                sched_samples: VecDeque::new(),
+                sched_samples: BoundedHistory::new(SCHED_HISTORY),
                 sched_sampler: None,
                 next_sched_sample_ns: 0,
-                off_cpu: VecDeque::new(),
-                own_work: VecDeque::new(),
+                off_cpu: BoundedHistory::new(OFF_CPU_HISTORY),
+                own_work: BoundedHistory::new(OWN_WORK_HISTORY),
                 probes_active: false,
                 probes: None,
                 probes_note: "off".into(),
@@ -506,10 +508,7 @@ impl State {
         let result = work(self);
         let end_ns = clock::monotonic_ns();
         if end_ns.saturating_sub(begin_ns) >= OWN_WORK_MIN_NS {
-            if self.own_work.len() == OWN_WORK_HISTORY {
-                self.own_work.pop_front();
-            }
-            self.own_work.push_back(OwnWork {
+            self.own_work.push(OwnWork {
                 begin_ns,
                 end_ns,
                 what,
@@ -602,10 +601,7 @@ impl State {
             );
         }
         self.refused_keys.insert((candidate.pid, candidate.inode));
-        if self.refused.len() == REFUSED_HISTORY {
-            self.refused.pop_front();
-        }
-        self.refused.push_back(RefusedSegment {
+        self.refused.push(RefusedSegment {
             pid: candidate.pid,
             path: candidate.path().display().to_string(),
             reason,
@@ -709,12 +705,8 @@ impl State {
         self.scan_durations.record(ended.saturating_sub(started));
         self.scan_count += 1;
         self.last_scan_end = Some(ended);
-        if self.scans.len() == SCAN_HISTORY {
-            self.scans.pop_front();
-            self.scan_drained.pop_front();
-        }
-        self.scans.push_back((started, ended));
-        self.scan_drained.push_back(load.drained);
+        self.scans.push((started, ended));
+        self.scan_drained.push(load.drained);
         self.trace_drops(ended);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
@@ -754,10 +746,7 @@ impl State {
                     storm.duration_ns = exit_ns.saturating_sub(storm.begin_mono_ns);
                 }
             }
-            if self.exited.len() == EXITED_HISTORY {
-                self.exited.pop_front();
-            }
-            self.exited.push_back((tracked.report(), at));
+            self.exited.push((tracked.report(), at));
         }
     }
 
@@ -770,10 +759,7 @@ impl State {
         }
         self.next_sched_sample_ns = now + SCHED_SAMPLE_NS;
         if let Some(sample) = self.sched_sampler.as_ref().and_then(|s| s.sample(now)) {
-            if self.sched_samples.len() == SCHED_HISTORY {
-                self.sched_samples.pop_front();
-            }
-            self.sched_samples.push_back(sample);
+            self.sched_samples.push(sample);
         }
     }
 
@@ -845,11 +831,10 @@ impl State {
                     ts_ns,
                     ..
                 } if wanted.contains(tid) => {
-                    let list = self.producer_migrations.entry(*tid).or_default();
-                    if list.len() == MIGRATION_HISTORY {
-                        list.pop_front();
-                    }
-                    list.push_back((*ts_ns, *orig_cpu, *dest_cpu));
+                    self.producer_migrations
+                        .entry(*tid)
+                        .or_insert_with(|| BoundedHistory::new(MIGRATION_HISTORY))
+                        .push((*ts_ns, *orig_cpu, *dest_cpu));
                     self.producer_cpus.insert(*tid, *dest_cpu);
                     self.saw_producer_on(*tid, *ts_ns, *dest_cpu);
                 }
@@ -875,11 +860,10 @@ impl State {
         if at_ns == 0 {
             return;
         }
-        let seen = self.producer_cpu_seen.entry(tid).or_default();
-        if seen.len() == PRODUCER_CPU_HISTORY {
-            seen.pop_front();
-        }
-        seen.push_back((at_ns, cpu));
+        self.producer_cpu_seen
+            .entry(tid)
+            .or_insert_with(|| BoundedHistory::new(PRODUCER_CPU_HISTORY))
+            .push((at_ns, cpu));
     }
 
     /// Records the drop counters the scan that ended at `ended` read, per
@@ -932,7 +916,7 @@ impl State {
                 off_cpu: &self.off_cpu,
                 min_wait_ns: SIGNIFICANT_WAIT_NS,
                 max_ordinary_sleep_ns: (self.config.max_scan_interval.as_nanos() as u64).saturating_mul(2),
-                producer_cpu: self.producer_cpu_seen.get(&storm.tid),
+                producer_cpu: self.producer_cpu_seen.get(&storm.tid).map(|seen| &**seen),
             };
             let built = timeline::build(storm, &inputs, storm.timeline.as_deref());
             storm.timeline = Some(Arc::new(built));
@@ -954,10 +938,7 @@ impl State {
         {
             return;
         }
-        if self.off_cpu.len() == OFF_CPU_HISTORY {
-            self.off_cpu.pop_front();
-        }
-        self.off_cpu.push_back(interval);
+        self.off_cpu.push(interval);
     }
 
     /// Diagnoses storms that ended recently (or still go on).
@@ -1043,7 +1024,7 @@ impl State {
             .front()
             .is_some_and(|(_, at)| at.elapsed() >= retention)
         {
-            self.exited.pop_front();
+            self.exited.pop_oldest();
         }
     }
 
@@ -1142,10 +1123,7 @@ impl State {
                     "drop storm{permit}"
                 );
             }
-            if self.storms.len() == self.config.storm_history {
-                self.storms.pop_front();
-            }
-            self.storms.push_back(storm);
+            self.storms.push(storm);
         }
     }
 
@@ -1252,10 +1230,7 @@ impl State {
             cause_settled: false,
             timeline: None,
         };
-        if self.storms.len() == self.config.storm_history {
-            self.storms.pop_front();
-        }
-        self.storms.push_back(storm);
+        self.storms.push(storm);
     }
 
     fn release_all(&mut self) {

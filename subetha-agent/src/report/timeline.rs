@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use subetha_core::drain::RingRecord;
 
 use crate::diagnosis::OffCpu;
+use crate::history::BoundedHistory;
 use crate::model::{
     CpuSpan, DropSample, Interval, RingDrops, ScannerSpan, StormReport, StormTimeline, TaskRef,
 };
@@ -55,12 +56,22 @@ struct TraceSample {
 /// The drop counters of one process's rings over time, recorded only where
 /// they change (with the scan before the change, so a rate is never spread
 /// over a long quiet stretch), bounded.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DropTrace {
     /// Per slot: the counter last read and when.
     last: Vec<Option<(u64, u64)>>,
-    samples: VecDeque<TraceSample>,
+    samples: BoundedHistory<TraceSample>,
     names: HashMap<u32, String>,
+}
+
+impl Default for DropTrace {
+    fn default() -> Self {
+        Self {
+            last: Vec::new(),
+            samples: BoundedHistory::new(TRACE_HISTORY),
+            names: HashMap::new(),
+        }
+    }
 }
 
 impl DropTrace {
@@ -95,10 +106,7 @@ impl DropTrace {
     }
 
     fn push(&mut self, at_mono_ns: u64, ring: &RingRecord, dropped: u64) {
-        if self.samples.len() == TRACE_HISTORY {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(TraceSample {
+        self.samples.push(TraceSample {
             at_mono_ns,
             slot: ring.slot,
             tid: ring.os_tid,
