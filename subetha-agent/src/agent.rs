@@ -51,9 +51,8 @@ use subetha_core::stats::LatencyHistogram;
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
-use crate::diagnosis::{self, Facts, OffCpu, OwnWork, SchedSample};
-use crate::sched_sampler::SchedSampler;
 use crate::container::{Identity, LabelFrom};
+use crate::diagnosis::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::discovery::{self, Candidate, ProcWalker};
 use crate::history::BoundedHistory;
 use crate::model::{
@@ -63,8 +62,9 @@ use crate::model::{
 use crate::pidns::{PidNamespace, TidMap};
 use crate::probes::{OffCpuFilter, ProbeEvent, Probes, Role};
 use crate::registration::{Registered, Registration};
-use crate::ring_rates::RingRates;
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
+use crate::ring_rates::RingRates;
+use crate::sched_sampler::SchedSampler;
 
 /// How the agent behaves.
 #[derive(Clone, Debug)]

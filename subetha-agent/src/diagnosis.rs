@@ -404,7 +404,11 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             )),
         };
     }
-    let confidence = if facts.probes { Confidence::High } else { Confidence::Low };
+    let confidence = if facts.probes {
+        Confidence::High
+    } else {
+        Confidence::Low
+    };
     // How long the scanner was away from the rings: the longest gap
     // between scans, or a scan it was held up in.
     let held_in_scan = overlapping_scan.map_or(0, |(_, took)| took);
@@ -560,20 +564,24 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         // are known.
         let measured_well = measured.as_ref().is_some_and(|m| m.high_per_sec.is_some());
         return Cause {
-                kind: "scan_interval_too_long".into(),
-                summary: format!(
-                    "the scan interval ({}) is too long for this producer's steady {}: the ring fills in {}",
-                    ms(gap),
-                    push_rate.map_or_else(String::new, per_sec_text),
-                    ms(fill)
-                ),
-                confidence: if measured_well { confidence } else { Confidence::Low },
-                evidence,
-                interval: None,
-                culprit: None,
-                rate: None,
-                fix: Some(format!("lower `{flag}` to {pause}")),
-            };
+            kind: "scan_interval_too_long".into(),
+            summary: format!(
+                "the scan interval ({}) is too long for this producer's steady {}: the ring fills in {}",
+                ms(gap),
+                push_rate.map_or_else(String::new, per_sec_text),
+                ms(fill)
+            ),
+            confidence: if measured_well {
+                confidence
+            } else {
+                Confidence::Low
+            },
+            evidence,
+            interval: None,
+            culprit: None,
+            rate: None,
+            fix: Some(format!("lower `{flag}` to {pause}")),
+        };
     }
     if let (true, Some(drain)) = (outran, drain_rate) {
         evidence.push(format!(
@@ -593,22 +601,24 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ms(fill),
             suggest_pause(fill / 2).1
         ),
-        None => format!("this burst ({dropped_text}) outran the scanner: observe less in this code path (sample the instance)"),
+        None => format!(
+            "this burst ({dropped_text}) outran the scanner: observe less in this code path (sample the instance)"
+        ),
     };
     Cause {
-            kind: "producer_burst".into(),
-            summary: format!(
-                "producer burst beyond drain capacity: {} dropped although the scanner ran unhindered{}",
-                storm.dropped,
-                push_rate.map_or_else(String::new, |r| format!(" (pushing {})", per_sec_text(r)))
-            ),
-            confidence,
-            evidence,
-            interval: None,
-            culprit: None,
-            rate: None,
-            fix: Some(fix),
-        }
+        kind: "producer_burst".into(),
+        summary: format!(
+            "producer burst beyond drain capacity: {} dropped although the scanner ran unhindered{}",
+            storm.dropped,
+            push_rate.map_or_else(String::new, |r| format!(" (pushing {})", per_sec_text(r)))
+        ),
+        confidence,
+        evidence,
+        interval: None,
+        culprit: None,
+        rate: None,
+        fix: Some(fix),
+    }
 }
 
 /// The shortest pause a fix suggests (the default `--min-scan-interval`).
@@ -641,7 +651,9 @@ pub fn measure_rate(storm: &StormReport, facts: &Facts<'_>) -> Option<PushRate> 
     {
         let drain = facts.scans.iter().rev().find(|&&(b, _)| b <= end).copied();
         let (earliest, latest) = match drain {
-            Some((scan_begin, scan_end)) if scan_end > begin => (scan_begin.max(begin).min(end), scan_end.min(end)),
+            Some((scan_begin, scan_end)) if scan_end > begin => {
+                (scan_begin.max(begin).min(end), scan_end.min(end))
+            }
             _ => (end, end),
         };
         let longest = latest.saturating_sub(begin);
@@ -657,7 +669,11 @@ pub fn measure_rate(storm: &StormReport, facts: &Facts<'_>) -> Option<PushRate> 
             high_per_sec: high,
             over_ns: longest,
             basis: if shortest == longest {
-                format!("{} drops in the {} before the ring was drained", storm.dropped, ms(longest))
+                format!(
+                    "{} drops in the {} before the ring was drained",
+                    storm.dropped,
+                    ms(longest)
+                )
             } else {
                 format!(
                     "{} drops in the {}–{} before the ring was drained",
@@ -712,7 +728,14 @@ pub fn suggest_pause(ns: u64) -> (u64, String) {
         unit *= 10;
     }
     let lead = us / unit;
-    let nice = unit * if lead >= 5 { 5 } else if lead >= 2 { 2 } else { 1 };
+    let nice = unit
+        * if lead >= 5 {
+            5
+        } else if lead >= 2 {
+            2
+        } else {
+            1
+        };
     let text = if nice >= 1_000 && nice.is_multiple_of(1_000) {
         format!("{}ms", nice / 1_000)
     } else {
@@ -786,6 +809,7 @@ fn state_name(state: u64) -> String {
         0 => "running".into(),
         s if s & 0x2 != 0 => "uninterruptible (D)".into(),
         s if s & 0x1 != 0 => "sleeping (S)".into(),
+        s if s & 0x4 != 0 => "stopped (T)".into(),
         s => format!("state {s:#x}"),
     }
 }
@@ -1044,7 +1068,12 @@ mod tests {
             },
         ];
         for case in cases {
-            let mut s = storm(case.begin, case.end, case.dropped, (case.last_scan_end, case.next_scan.0));
+            let mut s = storm(
+                case.begin,
+                case.end,
+                case.dropped,
+                (case.last_scan_end, case.next_scan.0),
+            );
             s.max_scan_gap_ns = case.next_scan.0 - case.last_scan_end;
             let scans = [(case.last_scan_end - 10_000, case.last_scan_end), case.next_scan];
             let mut f = facts(&[], &scans);
@@ -1060,7 +1089,10 @@ mod tests {
             let fix = cause.fix.as_deref().unwrap_or_default();
             assert!(fix.contains(case.fix), "{}: fix {fix:?}", case.name);
             assert!(cause.summary.ends_with(fix), "{}: {}", case.name, cause.summary);
-            let rate = cause.rate.as_ref().map(|r| (r.low_per_sec / 1e6, r.high_per_sec.map(|h| h / 1e6)));
+            let rate = cause
+                .rate
+                .as_ref()
+                .map(|r| (r.low_per_sec / 1e6, r.high_per_sec.map(|h| h / 1e6)));
             match (rate, case.rate) {
                 (Some((low, high)), Some((want_low, want_high))) => {
                     assert!((low / want_low - 1.0).abs() < 0.01, "{}: low {low}", case.name);

@@ -141,7 +141,11 @@ pub fn title_lines(storm: &StormReport) -> (String, String) {
         storm.duration_ns as f64 / 1e6,
         cause.map_or_else(
             || "cause not diagnosed yet".to_string(),
-            |c| format!("{} ({} confidence)", clean(&c.kind, 40), clean(c.confidence.as_str(), 10))
+            |c| format!(
+                "{} ({} confidence)",
+                clean(&c.kind, 40),
+                clean(c.confidence.as_str(), 10)
+            )
         ),
     );
     let summary = cause.map_or_else(String::new, |c| clean(&c.summary, 400));
