@@ -735,8 +735,17 @@ impl State {
                 }
             }
             let at = tracked.exited.map_or_else(Instant::now, |(_, at)| at);
-            // Storms still open when the process died end with it.
+            // Storms still open when the process died end with it (a
+            // `no_ring` storm where its count last grew).
             let exit_ns = tracked.exited.map_or_else(clock::monotonic_ns, |(ns, _)| ns);
+            if let Some((storm_id, last)) = tracked.no_ring_storm
+                && let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id)
+                && storm.end_mono_ns.is_none()
+            {
+                storm.end_mono_ns = Some(last.max(storm.begin_mono_ns));
+                storm.end_estimated = true;
+                storm.duration_ns = last.saturating_sub(storm.begin_mono_ns);
+            }
             for storm_id in tracked.open_storms.values() {
                 if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == *storm_id)
                     && storm.end_mono_ns.is_none()
@@ -1109,6 +1118,7 @@ impl State {
                     .rates
                     .last_two(tracked.pid, episode.slot)
                     .map(|(before, found)| found.attempts().saturating_sub(before.attempts())),
+                rate_before_per_sec: self.rates.rate_before_latest(tracked.pid, episode.slot),
                 cause: None,
                 cause_settled: false,
                 timeline: None,
@@ -1215,6 +1225,7 @@ impl State {
             scan_gaps: Vec::new(),
             max_scan_gap_ns: 0,
             attempts_at_open: None,
+            rate_before_per_sec: None,
             cause: Some(crate::model::Cause {
                 kind: diagnosis::NO_RING.into(),
                 summary: summary(grown),

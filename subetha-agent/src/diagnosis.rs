@@ -292,10 +292,18 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             rate / 1e6
         ));
     }
-    // A steady producer filled the ring at the pace it then dropped at; a
-    // burst changed pace within the pause.
-    let steady = match (measured.as_ref(), fill_rate) {
-        (Some(m), Some(f)) => m.low_per_sec <= 2.0 * f && f <= 2.0 * m.high_per_sec.unwrap_or(m.per_sec),
+    // A steady producer pushed, in the scan interval before, at the pace it
+    // then dropped at; a burst changed pace within the pause.
+    if let Some(before) = storm.rate_before_per_sec {
+        evidence.push(format!(
+            "in the scan interval before, the ring's counters saw {}",
+            per_sec_text(before)
+        ));
+    }
+    let steady = match (measured.as_ref(), storm.rate_before_per_sec) {
+        (Some(m), Some(before)) => {
+            m.low_per_sec <= 2.0 * before && before <= 2.0 * m.high_per_sec.unwrap_or(m.per_sec)
+        }
         _ => false,
     };
     if let Some(cpu) = facts.producer_cpu {
@@ -984,6 +992,8 @@ mod tests {
         next_scan: (u64, u64),
         min_interval: u64,
         max_interval: u64,
+        /// The ring's rate in the scan interval before, obs/s.
+        before: Option<f64>,
         kind: &'static str,
         confidence: Confidence,
         /// (low, high) of the measured rate, M obs/s, to 1%.
@@ -1006,6 +1016,7 @@ mod tests {
                 next_scan: (1010 * MS, 1010 * MS + 10_000),
                 min_interval: MS / 10,
                 max_interval: 10 * MS,
+                before: Some(4e6),
                 kind: "scan_interval_too_long",
                 confidence: Confidence::High,
                 rate: Some((4.0, Some(4.0))),
@@ -1024,6 +1035,7 @@ mod tests {
                     next_scan: (1010 * MS, 1010 * MS + 10_000),
                     min_interval: 0,
                     max_interval: 10 * MS,
+                    before: Some(4e6),
                     kind: "scan_interval_too_long",
                     confidence: Confidence::High,
                     rate: Some((4.0, Some(4.0))),
@@ -1043,6 +1055,7 @@ mod tests {
                 next_scan: (1000 * MS + 173_000, 1000 * MS + 193_000),
                 min_interval: MS / 10,
                 max_interval: 20 * MS,
+                before: Some(0.2e6),
                 kind: "producer_burst",
                 confidence: Confidence::High,
                 // Drained between 173 and 183 µs after the first drop.
@@ -1061,12 +1074,31 @@ mod tests {
                 next_scan: (1004 * MS - 10_000, 1004 * MS + 10_000),
                 min_interval: MS / 10,
                 max_interval: 20 * MS,
+                before: Some(0.25e6),
                 kind: "producer_burst",
                 confidence: Confidence::High,
                 rate: Some((10.0, Some(10.03))),
                 fix: "scan at least every 200us",
             },
         ];
+        let cases = cases.into_iter().chain([Case {
+            // The same steady-looking storm with nothing known of the ring
+            // before it (it went from quiet to 4 M obs/s within one pause):
+            // a burst the agent could not have seen coming.
+            name: "from quiet within one pause",
+            begin: 1000 * MS + 24_000,
+            end: 1010 * MS + 24_000,
+            dropped: 40_000,
+            last_scan_end: 999 * MS,
+            next_scan: (1010 * MS, 1010 * MS + 10_000),
+            min_interval: MS / 10,
+            max_interval: 10 * MS,
+            before: None,
+            kind: "producer_burst",
+            confidence: Confidence::High,
+            rate: Some((4.0, Some(4.0))),
+            fix: "came within one pause",
+        }]);
         for case in cases {
             let mut s = storm(
                 case.begin,
@@ -1075,6 +1107,7 @@ mod tests {
                 (case.last_scan_end, case.next_scan.0),
             );
             s.max_scan_gap_ns = case.next_scan.0 - case.last_scan_end;
+            s.rate_before_per_sec = case.before;
             let scans = [(case.last_scan_end - 10_000, case.last_scan_end), case.next_scan];
             let mut f = facts(&[], &scans);
             f.min_interval_ns = case.min_interval;

@@ -464,6 +464,10 @@ pub struct StormReport {
     /// (None: not known).
     #[serde(default)]
     pub attempts_at_open: Option<u64>,
+    /// Its ring's push rate (obs/s) over the scan interval before the one
+    /// the storm began in, from the ring's counters (None: not known).
+    #[serde(default)]
+    pub rate_before_per_sec: Option<f64>,
     /// Why it happened: recomputed as evidence arrives, final once
     /// `cause_settled`.
     pub cause: Option<Cause>,

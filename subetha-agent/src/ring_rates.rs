@@ -55,7 +55,9 @@ impl RingCounts {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct RingRate {
-    /// The counters the scan before `latest` read (0s until seen twice).
+    /// The counters the scan before `previous` read.
+    earlier: Option<RingCounts>,
+    /// The counters the scan before `latest` read.
     previous: Option<RingCounts>,
     latest: RingCounts,
     /// Push attempts per second, estimated.
@@ -108,6 +110,7 @@ impl RingRates {
             };
             table[slot] = Some(match table[slot] {
                 None => RingRate {
+                    earlier: None,
                     previous: None,
                     latest: counts,
                     per_sec: 0.0,
@@ -142,6 +145,15 @@ impl RingRates {
         Some((rate.previous?, rate.latest))
     }
 
+    /// Ring `slot` of `pid`'s push attempts per second between the two
+    /// scans before the latest (what it did before the latest interval).
+    pub fn rate_before_latest(&self, pid: u32, slot: u32) -> Option<f64> {
+        let rate = self.rings.get(&pid)?.get(slot as usize)?.as_ref()?;
+        let (earlier, previous) = (rate.earlier?, rate.previous?);
+        let elapsed = previous.at_ns.checked_sub(earlier.at_ns).filter(|&ns| ns > 0)?;
+        Some(previous.attempts().saturating_sub(earlier.attempts()) as f64 * 1e9 / elapsed as f64)
+    }
+
     /// The fastest ring's estimated push rate, obs/s (0: every ring idle).
     pub fn fastest_per_sec(&self) -> f64 {
         self.rings
@@ -172,6 +184,7 @@ impl RingRate {
         // the slot, or a hostile one): start over from here.
         if counts.attempts() < last.attempts() || counts.at_ns <= last.at_ns {
             return Self {
+                earlier: None,
                 previous: None,
                 latest: counts,
                 per_sec: 0.0,
@@ -185,6 +198,7 @@ impl RingRate {
             seen.max(self.per_sec / 2.0)
         };
         Self {
+            earlier: self.previous,
             previous: Some(last),
             latest: counts,
             per_sec: if per_sec < IDLE_RATE { 0.0 } else { per_sec },
@@ -256,6 +270,8 @@ mod tests {
         assert!((r.fastest_per_sec() - 1e8).abs() < 1.0);
         let (before, after) = r.last_two(7, 3).unwrap();
         assert_eq!(after.attempts() - before.attempts(), 100_000);
+        // Before the latest interval: 10 attempts in 20 ms.
+        assert!((r.rate_before_latest(7, 3).unwrap() - 500.0).abs() < 1e-6);
     }
 
     #[test]

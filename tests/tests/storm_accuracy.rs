@@ -55,7 +55,7 @@ struct Scenario {
 }
 
 fn flood_scenarios() -> Vec<Scenario> {
-    let steady = vec!["--rate", RATE, "--duration-ms", "300"];
+    let steady = vec!["--rate", RATE, "--duration-ms", "1000"];
     let preempt = vec!["--rate", RATE, "--duration-ms", "800"];
     vec![
         Scenario {
