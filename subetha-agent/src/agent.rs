@@ -926,6 +926,7 @@ impl State {
                 min_wait_ns: SIGNIFICANT_WAIT_NS,
                 max_ordinary_sleep_ns: (self.config.max_scan_interval.as_nanos() as u64).saturating_mul(2),
                 producer_cpu: self.producer_cpu_seen.get(&storm.tid).map(|seen| &**seen),
+                producer_cpu_latest: self.producer_cpus.get(&storm.tid).copied(),
             };
             let built = timeline::build(storm, &inputs, storm.timeline.as_deref());
             storm.timeline = Some(Arc::new(built));
@@ -998,7 +999,11 @@ impl State {
                 min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
                 ring_capacity: ObservationRing::CAPACITY as u64,
                 sched_samples: samples,
-                producer_cpu: self.producer_cpus.get(&storm.tid).copied(),
+                producer_cpu: producer_cpu_at(
+                    self.producer_cpu_seen.get(&storm.tid).map(|seen| &**seen),
+                    storm.end_mono_ns.unwrap_or(now),
+                )
+                .or_else(|| self.producer_cpus.get(&storm.tid).copied()),
                 producer_migrations: &self
                     .producer_migrations
                     .get(&storm.tid)
@@ -1509,6 +1514,18 @@ fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The CPU probe events last placed a producer on at or before `at_ns`
+/// (else the first after it): the CPU the storm's evidence names and its
+/// picture draws, from the same events.
+fn producer_cpu_at(seen: Option<&VecDeque<(u64, u32)>>, at_ns: u64) -> Option<u32> {
+    let seen = seen?;
+    seen.iter()
+        .filter(|&&(at, _)| at <= at_ns)
+        .max_by_key(|&&(at, _)| at)
+        .or_else(|| seen.iter().min_by_key(|&&(at, _)| at))
+        .map(|&(_, cpu)| cpu)
+}
+
 /// Scan gaps overlapping `[begin, end]` (end None: until now), longest
 /// first, at most 8. Walks the history backwards and stops at the first scan
 /// that ended before `begin`, so an update costs the storm's length in scans,
@@ -1565,6 +1582,15 @@ mod tests {
         assert_eq!(scans_for_diagnosis(&VecDeque::new(), 5..=9), 0..0);
         // After the last scan: the last scan only.
         assert_eq!(scans_for_diagnosis(&scans, 400..=500), 4..5);
+    }
+
+    #[test]
+    fn the_producer_cpu_is_the_one_seen_at_the_storm() {
+        let seen: VecDeque<(u64, u32)> = [(10, 0), (50, 1), (90, 3)].into();
+        assert_eq!(producer_cpu_at(Some(&seen), 60), Some(1));
+        assert_eq!(producer_cpu_at(Some(&seen), 5), Some(0));
+        assert_eq!(producer_cpu_at(Some(&seen), 100), Some(3));
+        assert_eq!(producer_cpu_at(None, 100), None);
     }
 
     #[test]

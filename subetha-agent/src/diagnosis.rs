@@ -29,11 +29,12 @@
 //! push between a ring's first drop and the scan that drained it failed, so
 //! the storm's drops over that stretch are its rate, with the stretch's
 //! uncertainty (where in that scan the ring was reached) stated. A long pause
-//! is blamed (**scan interval too long**) only when the producer was steady
-//! (the ring filled at the rate it then dropped at) and a pause the agent can
-//! take would have fitted; a sudden change of pace is a **producer burst**,
-//! with the rate that shows whether any scan rate could keep up. Every verdict
-//! ends with what to change.
+//! is blamed (**scan interval too long**) only when the ring was already that
+//! busy before (at the rate its counters saw in the scan interval before the
+//! storm it fills within the pause taken) and a pause the agent can take
+//! would have fitted; a change of pace within one pause is a **producer
+//! burst**, with the rate that shows whether any scan rate could keep up.
+//! Every verdict ends with what to change.
 //!
 //! This module is pure: it takes the facts and returns the verdict, so every
 //! rule is unit-tested ([`crate::sched_sampler`] does the I/O without probes).
@@ -292,20 +293,22 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             rate / 1e6
         ));
     }
-    // A steady producer pushed, in the scan interval before, at the pace it
-    // then dropped at; a burst changed pace within the pause.
-    if let Some(before) = storm.rate_before_per_sec {
+    // The pause is to blame only if the ring was already that busy before:
+    // at the rate its counters saw in the scan interval before, it fills
+    // within the pause the scanner took. A producer that changed pace within
+    // the pause (from quiet, or far slower) is a burst no plan saw coming.
+    let before_fill_ns = storm
+        .rate_before_per_sec
+        .filter(|&rate| rate >= 1.0)
+        .map(|rate| (facts.ring_capacity as f64 * 1e9 / rate) as u64);
+    if let (Some(before), Some(fill)) = (storm.rate_before_per_sec, before_fill_ns) {
         evidence.push(format!(
-            "in the scan interval before, the ring's counters saw {}",
-            per_sec_text(before)
+            "in the scan interval before, the ring's counters saw {}: a ring-full in {}",
+            per_sec_text(before),
+            ms(fill)
         ));
     }
-    let steady = match (measured.as_ref(), storm.rate_before_per_sec) {
-        (Some(m), Some(before)) => {
-            m.low_per_sec <= 2.0 * before && before <= 2.0 * m.high_per_sec.unwrap_or(m.per_sec)
-        }
-        _ => false,
-    };
+    let busy_before = before_fill_ns.is_some_and(|fill| fill < gap);
     if let Some(cpu) = facts.producer_cpu {
         evidence.push(format!("producer last ran on CPU {cpu}"));
     }
@@ -552,8 +555,8 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
     let dropped_text = format!("{} dropped in {}", storm.dropped, ms(end - begin));
     if !near_min
-        && steady
-        && let Some(fill) = fill_ns
+        && busy_before
+        && let Some(fill) = before_fill_ns
         && gap > fill
         && fill / 2 >= SHORTEST_SUGGESTED_NS
     {
@@ -564,7 +567,7 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             "--max-scan-interval"
         };
         evidence.push(format!(
-            "the scanner paused {} between scans; at the rate measured the ring fills in {}",
+            "the scanner paused {} between scans; at the rate before the storm the ring fills in {}",
             ms(gap),
             ms(fill)
         ));
@@ -574,9 +577,10 @@ fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         return Cause {
             kind: "scan_interval_too_long".into(),
             summary: format!(
-                "the scan interval ({}) is too long for this producer's steady {}: the ring fills in {}",
+                "the scan interval ({}) is too long for this producer ({} before the storm, {} in it): the ring fills in {}",
                 ms(gap),
-                push_rate.map_or_else(String::new, per_sec_text),
+                storm.rate_before_per_sec.map_or_else(String::new, per_sec_text),
+                push_rate.map_or_else(|| "unknown".into(), per_sec_text),
                 ms(fill)
             ),
             confidence: if measured_well {
@@ -1002,7 +1006,7 @@ mod tests {
     }
 
     #[test]
-    fn rates_are_measured_and_a_long_interval_is_blamed_only_for_a_steady_producer() {
+    fn rates_are_measured_and_a_long_interval_is_blamed_only_when_the_ring_was_that_busy_before() {
         let cases = [
             Case {
                 // 4 M obs/s throughout: the ring filled in 1.024 ms and then
@@ -1074,7 +1078,8 @@ mod tests {
                 next_scan: (1004 * MS - 10_000, 1004 * MS + 10_000),
                 min_interval: MS / 10,
                 max_interval: 20 * MS,
-                before: Some(0.25e6),
+                // A ring-full in 41 ms at this rate: the 20 ms pause fitted it.
+                before: Some(0.1e6),
                 kind: "producer_burst",
                 confidence: Confidence::High,
                 rate: Some((10.0, Some(10.03))),

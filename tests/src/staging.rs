@@ -680,24 +680,26 @@ pub fn flood_exe() -> std::path::PathBuf {
 /// test measured it (tid 0: no task took the CPU).
 fn stop_for(pid: u32, window_ns: u64) -> HogRun {
     let begin_ns = subetha_core::clock::monotonic_ns();
-    // SAFETY: kill has no memory preconditions; `pid` is the agent we
-    // started.
-    assert_eq!(
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) },
-        0,
-        "SIGSTOP the agent"
-    );
+    signal(pid, libc::SIGSTOP);
     std::thread::sleep(Duration::from_nanos(window_ns));
     let end_ns = subetha_core::clock::monotonic_ns();
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) },
-        0,
-        "SIGCONT the agent"
-    );
+    signal(pid, libc::SIGCONT);
     HogRun {
         tid: 0,
         begin_ns,
         end_ns,
     }
+}
+
+/// Sends `signal` to process `pid` (panics if it cannot).
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill has no memory preconditions; `pid` is the agent this
+    // test started.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(
+        rc,
+        0,
+        "signal {signal} to {pid}: {}",
+        std::io::Error::last_os_error()
+    );
 }

@@ -21,8 +21,10 @@
 //! * **blocked scanner** — the same flood while the agent's process is
 //!   stopped (`SIGSTOP`) for 50 ms: truth `scanner_blocked` for the storms in
 //!   that window.
-//! * **thread churn past the slot table** — a workload with 4 ring slots and
-//!   one worker plus eight short-lived threads at a time: truth `no_ring`.
+//! * **thread churn past the slot table** — a workload with 4 ring slots,
+//!   six workers and eight short-lived threads at a time: truth `no_ring`.
+//!   (One worker and eight short-lived threads lose nothing: the short-lived
+//!   threads adopt the slots of exited ones.)
 //!
 //! Storms outside a staged window (preempted, blocked) have no known cause;
 //! they are printed but not scored. Needs root and the probes; a run as root
@@ -217,7 +219,7 @@ fn staged_causes_are_diagnosed_right_in_at_least_95_percent_of_storms() {
     assert!(failures.is_empty(), "diagnosis accuracy under 95%: {failures:#?}");
 }
 
-/// One worker and eight short-lived threads at a time, with 4 ring slots:
+/// Six workers and eight short-lived threads at a time, with 4 ring slots:
 /// the table really is full, and every storm is `no_ring`.
 fn churn_past_the_slot_table(confusion: &mut Confusion, run: usize) {
     const NAME: &str = "thread churn past the slot table";
@@ -226,7 +228,7 @@ fn churn_past_the_slot_table(confusion: &mut Confusion, run: usize) {
         &[
             "run",
             "--threads",
-            "1",
+            "6",
             "--rate",
             "2000",
             "--churn",
@@ -246,7 +248,7 @@ fn churn_past_the_slot_table(confusion: &mut Confusion, run: usize) {
     let truth = workload.stop();
     assert!(
         truth.lost > 0,
-        "{NAME} #{run}: nine live threads, four slots: {truth:?}"
+        "{NAME} #{run}: six workers, four slots: {truth:?}"
     );
     let snapshot = wait_agent(&agent, "the exit and settled causes", |s| {
         let exited = process(s, pid).is_some_and(|p| p.state == "exited");
