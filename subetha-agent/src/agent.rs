@@ -12,11 +12,10 @@
 //! publishes an [`AgentSnapshot`] every `publish_interval` for the HTTP
 //! server, the exporters and the CLI.
 //!
-//! The scan interval adapts to how full the rings were found, between
-//! `min_scan_interval` and `max_scan_interval`, by the same
-//! [`ScanPacer`] as an application's sidecar: it halves when a ring was
-//! more than half full, returns to the shortest at once after drops, and
-//! grows while every ring stays under an eighth.
+//! The pause between scans follows the fastest ring's measured push rate
+//! ([`RingRates`]): the next scan comes before that ring is a quarter full,
+//! between `min_scan_interval` and `max_scan_interval`, and backs off to
+//! the longest while every ring is idle.
 //!
 //! After the scans, at most every [`POLICY_INTERVAL`] per process, the
 //! agent runs the built-in [`AdaptivePolicy`] of
@@ -43,7 +42,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use subetha_core::ObservationRing;
 use subetha_core::clock;
-use subetha_core::drain::{Drainer, ScanPacer, ScanReport};
+use subetha_core::drain::{Drainer, ScanReport};
 use subetha_core::lease::{LeaseScope, TakeoverRequest, word_pid};
 use subetha_core::primitives::adaptive::{self, AdaptivePolicy};
 use subetha_core::segment::{SegmentView, slot_state};
@@ -52,9 +51,10 @@ use subetha_core::stats::LatencyHistogram;
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::Receiver;
 
-use crate::cause::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::container::{Identity, LabelFrom};
+use crate::diagnosis::{self, Facts, OffCpu, OwnWork, SchedSample};
 use crate::discovery::{self, Candidate, ProcWalker};
+use crate::history::BoundedHistory;
 use crate::model::{
     AgentInfo, AgentSnapshot, Buckets, InstanceReport, ProcessReport, Quantiles, RefusedSegment, RingReport,
     ScanGap, StormReport,
@@ -63,6 +63,8 @@ use crate::pidns::{PidNamespace, TidMap};
 use crate::probes::{LoadedProbes, OffCpuFilter, ProbeEvent, Role};
 use crate::registration::{Registered, Registration};
 use crate::report::timeline::{self, DropTrace, TimelineInputs};
+use crate::ring_rates::RingRates;
+use crate::sched_sampler::SchedSampler;
 
 /// How the agent behaves.
 #[derive(Clone, Debug)]
@@ -238,30 +240,31 @@ struct State {
     /// Settled storm causes per process, for the monotonic metric.
     cause_counts: HashMap<u32, BTreeMap<String, u64>>,
     /// Final reports of exited processes, oldest first, kept for `retention`.
-    exited: VecDeque<(ProcessReport, Instant)>,
+    exited: BoundedHistory<(ProcessReport, Instant)>,
     registrations: Option<(Registration, Receiver<Registered>)>,
     tracked: Vec<Tracked>,
-    refused: VecDeque<RefusedSegment>,
+    refused: BoundedHistory<RefusedSegment>,
     refused_keys: HashSet<(u32, u64)>,
-    storms: VecDeque<StormReport>,
+    storms: BoundedHistory<StormReport>,
     next_storm_id: u64,
-    scans: VecDeque<(u64, u64)>,
+    scans: BoundedHistory<(u64, u64)>,
     /// Observations drained by each scan in `scans`.
-    scan_drained: VecDeque<u64>,
+    scan_drained: BoundedHistory<u64>,
     scan_durations: LatencyHistogram,
     scan_gaps: LatencyHistogram,
     scan_count: u64,
-    pacer: ScanPacer,
+    /// Each ring's push rate, and the pause before the next scan.
+    rates: RingRates,
     last_scan_end: Option<u64>,
     scanner_tid: u32,
-    sched_samples: VecDeque<SchedSample>,
-    sched_sampler: Option<cause::SchedSampler>,
+    sched_samples: BoundedHistory<SchedSample>,
+    sched_sampler: Option<SchedSampler>,
     next_sched_sample_ns: u64,
-    off_cpu: VecDeque<OffCpu>,
+    off_cpu: BoundedHistory<OffCpu>,
     /// The scan thread's own work between scans that took at least
     /// [`OWN_WORK_MIN_NS`], newest last: what a storm's gap may be blamed
     /// on.
-    own_work: VecDeque<OwnWork>,
+    own_work: BoundedHistory<OwnWork>,
     probes_active: bool,
     probes: Option<LoadedProbes>,
     probes_note: String,
@@ -271,10 +274,10 @@ struct State {
     /// Per producer thread: the CPU of its latest drop, and its migrations
     /// (ns, from, to), bounded.
     producer_cpus: HashMap<u32, u32>,
-    producer_migrations: HashMap<u32, VecDeque<(u64, u32, u32)>>,
+    producer_migrations: HashMap<u32, BoundedHistory<(u64, u32, u32)>>,
     /// Per producer thread: (ns, CPU) as probe events placed it, bounded;
     /// for storm timelines.
-    producer_cpu_seen: HashMap<u32, VecDeque<(u64, u32)>>,
+    producer_cpu_seen: HashMap<u32, BoundedHistory<(u64, u32)>>,
     /// Per process: its rings' drop counters where they changed, for storm
     /// timelines.
     drop_traces: HashMap<u32, DropTrace>,
@@ -296,32 +299,37 @@ pub struct AgentHandle {
 impl Agent {
     /// An agent with `config`.
     pub fn new(config: AgentConfig) -> Self {
-        let pacer = ScanPacer::new(config.min_scan_interval, config.max_scan_interval);
+        let rates = RingRates::new(
+            config.min_scan_interval,
+            config.max_scan_interval,
+            ObservationRing::CAPACITY as u64,
+        );
+        let storm_history = config.storm_history;
         Self {
             state: State {
                 config,
                 uninitialised: HashMap::new(),
                 cause_counts: HashMap::new(),
-                exited: VecDeque::new(),
+                exited: BoundedHistory::new(EXITED_HISTORY),
                 registrations: None,
                 tracked: Vec::new(),
-                refused: VecDeque::new(),
+                refused: BoundedHistory::new(REFUSED_HISTORY),
                 refused_keys: HashSet::new(),
-                storms: VecDeque::new(),
+                storms: BoundedHistory::new(storm_history),
                 next_storm_id: 1,
-                scans: VecDeque::new(),
-                scan_drained: VecDeque::new(),
+                scans: BoundedHistory::new(SCAN_HISTORY),
+                scan_drained: BoundedHistory::new(SCAN_HISTORY),
                 scan_durations: LatencyHistogram::new(),
                 scan_gaps: LatencyHistogram::new(),
                 scan_count: 0,
-                pacer,
+                rates,
                 last_scan_end: None,
                 scanner_tid: 0,
-                sched_samples: VecDeque::new(),
+                sched_samples: BoundedHistory::new(SCHED_HISTORY),
                 sched_sampler: None,
                 next_sched_sample_ns: 0,
-                off_cpu: VecDeque::new(),
-                own_work: VecDeque::new(),
+                off_cpu: BoundedHistory::new(OFF_CPU_HISTORY),
+                own_work: BoundedHistory::new(OWN_WORK_HISTORY),
                 probes_active: false,
                 probes: None,
                 probes_note: "off".into(),
@@ -418,7 +426,7 @@ impl Agent {
         {
             tracing::warn!(cpu, %error, "cannot pin the scan thread");
         }
-        self.state.sched_sampler = cause::SchedSampler::for_current_thread();
+        self.state.sched_sampler = SchedSampler::for_current_thread();
         let scanner_tid = self.state.scanner_tid;
         if let Some(probes) = self.state.probes.as_mut() {
             if let Err(error) = probes.attach_scanner(std::process::id(), scanner_tid) {
@@ -439,7 +447,7 @@ impl Agent {
             self.state.scan_all();
             // The pause runs from the end of the scan: the agent's own work
             // below comes out of it rather than adding to the rings' wait.
-            let next_scan = Instant::now() + self.state.pacer.pause();
+            let next_scan = Instant::now() + self.state.rates.pause();
             self.state.sample_scheduler();
             self.state
                 .timed("reading the probes' events", State::drain_probe_events);
@@ -500,10 +508,7 @@ impl State {
         let result = work(self);
         let end_ns = clock::monotonic_ns();
         if end_ns.saturating_sub(begin_ns) >= OWN_WORK_MIN_NS {
-            if self.own_work.len() == OWN_WORK_HISTORY {
-                self.own_work.pop_front();
-            }
-            self.own_work.push_back(OwnWork {
+            self.own_work.push(OwnWork {
                 begin_ns,
                 end_ns,
                 what,
@@ -596,10 +601,7 @@ impl State {
             );
         }
         self.refused_keys.insert((candidate.pid, candidate.inode));
-        if self.refused.len() == REFUSED_HISTORY {
-            self.refused.pop_front();
-        }
-        self.refused.push_back(RefusedSegment {
+        self.refused.push(RefusedSegment {
             pid: candidate.pid,
             path: candidate.path().display().to_string(),
             reason,
@@ -680,6 +682,11 @@ impl State {
             }
             let report = tracked.drainer.scan();
             tracked.map_thread_ids();
+            self.rates.observe(
+                tracked.pid,
+                tracked.drainer.rings(),
+                report.started_mono_ns.saturating_add(report.duration_ns),
+            );
             load.merge_load(&report);
             tracked.run_policy(report.started_mono_ns.saturating_add(report.duration_ns));
             if exited {
@@ -698,19 +705,15 @@ impl State {
         self.scan_durations.record(ended.saturating_sub(started));
         self.scan_count += 1;
         self.last_scan_end = Some(ended);
-        if self.scans.len() == SCAN_HISTORY {
-            self.scans.pop_front();
-            self.scan_drained.pop_front();
-        }
-        self.scans.push_back((started, ended));
-        self.scan_drained.push_back(load.drained);
+        self.scans.push((started, ended));
+        self.scan_drained.push(load.drained);
         self.trace_drops(ended);
         for index in 0..self.tracked.len() {
             self.update_storms(index);
             self.update_no_ring(index, ended);
         }
         self.retire_exited();
-        self.pacer.after_scan(&load);
+        self.rates.after_pass(load.rings_left_full);
         self.expire();
     }
 
@@ -724,6 +727,7 @@ impl State {
                 continue;
             }
             let tracked = self.tracked.swap_remove(index);
+            self.rates.forget(tracked.pid);
             if let Some(probes) = self.probes.as_mut() {
                 probes.detach_process(tracked.pid);
                 for ring in tracked.drainer.rings() {
@@ -731,8 +735,17 @@ impl State {
                 }
             }
             let at = tracked.exited.map_or_else(Instant::now, |(_, at)| at);
-            // Storms still open when the process died end with it.
+            // Storms still open when the process died end with it (a
+            // `no_ring` storm where its count last grew).
             let exit_ns = tracked.exited.map_or_else(clock::monotonic_ns, |(ns, _)| ns);
+            if let Some((storm_id, last)) = tracked.no_ring_storm
+                && let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == storm_id)
+                && storm.end_mono_ns.is_none()
+            {
+                storm.end_mono_ns = Some(last.max(storm.begin_mono_ns));
+                storm.end_estimated = true;
+                storm.duration_ns = last.saturating_sub(storm.begin_mono_ns);
+            }
             for storm_id in tracked.open_storms.values() {
                 if let Some(storm) = self.storms.iter_mut().rev().find(|s| s.id == *storm_id)
                     && storm.end_mono_ns.is_none()
@@ -742,10 +755,7 @@ impl State {
                     storm.duration_ns = exit_ns.saturating_sub(storm.begin_mono_ns);
                 }
             }
-            if self.exited.len() == EXITED_HISTORY {
-                self.exited.pop_front();
-            }
-            self.exited.push_back((tracked.report(), at));
+            self.exited.push((tracked.report(), at));
         }
     }
 
@@ -758,10 +768,7 @@ impl State {
         }
         self.next_sched_sample_ns = now + SCHED_SAMPLE_NS;
         if let Some(sample) = self.sched_sampler.as_ref().and_then(|s| s.sample(now)) {
-            if self.sched_samples.len() == SCHED_HISTORY {
-                self.sched_samples.pop_front();
-            }
-            self.sched_samples.push_back(sample);
+            self.sched_samples.push(sample);
         }
     }
 
@@ -833,11 +840,10 @@ impl State {
                     ts_ns,
                     ..
                 } if wanted.contains(tid) => {
-                    let list = self.producer_migrations.entry(*tid).or_default();
-                    if list.len() == MIGRATION_HISTORY {
-                        list.pop_front();
-                    }
-                    list.push_back((*ts_ns, *orig_cpu, *dest_cpu));
+                    self.producer_migrations
+                        .entry(*tid)
+                        .or_insert_with(|| BoundedHistory::new(MIGRATION_HISTORY))
+                        .push((*ts_ns, *orig_cpu, *dest_cpu));
                     self.producer_cpus.insert(*tid, *dest_cpu);
                     self.saw_producer_on(*tid, *ts_ns, *dest_cpu);
                 }
@@ -863,11 +869,10 @@ impl State {
         if at_ns == 0 {
             return;
         }
-        let seen = self.producer_cpu_seen.entry(tid).or_default();
-        if seen.len() == PRODUCER_CPU_HISTORY {
-            seen.pop_front();
-        }
-        seen.push_back((at_ns, cpu));
+        self.producer_cpu_seen
+            .entry(tid)
+            .or_insert_with(|| BoundedHistory::new(PRODUCER_CPU_HISTORY))
+            .push((at_ns, cpu));
     }
 
     /// Records the drop counters the scan that ended at `ended` read, per
@@ -920,7 +925,8 @@ impl State {
                 off_cpu: &self.off_cpu,
                 min_wait_ns: SIGNIFICANT_WAIT_NS,
                 max_ordinary_sleep_ns: (self.config.max_scan_interval.as_nanos() as u64).saturating_mul(2),
-                producer_cpu: self.producer_cpu_seen.get(&storm.tid),
+                producer_cpu: self.producer_cpu_seen.get(&storm.tid).map(|seen| &**seen),
+                producer_cpu_latest: self.producer_cpus.get(&storm.tid).copied(),
             };
             let built = timeline::build(storm, &inputs, storm.timeline.as_deref());
             storm.timeline = Some(Arc::new(built));
@@ -942,10 +948,7 @@ impl State {
         {
             return;
         }
-        if self.off_cpu.len() == OFF_CPU_HISTORY {
-            self.off_cpu.pop_front();
-        }
-        self.off_cpu.push_back(interval);
+        self.off_cpu.push(interval);
     }
 
     /// Diagnoses storms that ended recently (or still go on).
@@ -964,7 +967,7 @@ impl State {
             let settled = storm
                 .end_mono_ns
                 .is_some_and(|end| now.saturating_sub(end) > CAUSE_SETTLE_NS);
-            if let Some(verdict) = storm.cause.as_ref().filter(|c| c.kind == cause::NO_RING) {
+            if let Some(verdict) = storm.cause.as_ref().filter(|c| c.kind == diagnosis::NO_RING) {
                 // Its cause is known from the counter; nothing to diagnose.
                 if settled {
                     storm.cause_settled = true;
@@ -996,7 +999,11 @@ impl State {
                 min_interval_ns: self.config.min_scan_interval.as_nanos() as u64,
                 ring_capacity: ObservationRing::CAPACITY as u64,
                 sched_samples: samples,
-                producer_cpu: self.producer_cpus.get(&storm.tid).copied(),
+                producer_cpu: producer_cpu_at(
+                    self.producer_cpu_seen.get(&storm.tid).map(|seen| &**seen),
+                    storm.end_mono_ns.unwrap_or(now),
+                )
+                .or_else(|| self.producer_cpus.get(&storm.tid).copied()),
                 producer_migrations: &self
                     .producer_migrations
                     .get(&storm.tid)
@@ -1004,11 +1011,11 @@ impl State {
                     .unwrap_or_default(),
                 own_work,
             };
-            let verdict = cause::diagnose(storm, &facts);
+            let verdict = diagnosis::diagnose(storm, &facts);
             // Evidence only ever leaves the bounded histories: a verdict
             // with kernel evidence is not replaced by a weaker one.
             let verdict = match storm.cause.take() {
-                Some(old) if old.confidence == "high" && verdict.confidence != "high" => old,
+                Some(old) if old.confidence > verdict.confidence => old,
                 _ => verdict,
             };
             if settled {
@@ -1031,7 +1038,7 @@ impl State {
             .front()
             .is_some_and(|(_, at)| at.elapsed() >= retention)
         {
-            self.exited.pop_front();
+            self.exited.pop_oldest();
         }
     }
 
@@ -1112,6 +1119,11 @@ impl State {
                 merged: episode.merged,
                 max_scan_gap_ns: gaps.first().map_or(0, |g| g.end_mono_ns - g.begin_mono_ns),
                 scan_gaps: gaps,
+                attempts_at_open: self
+                    .rates
+                    .last_two(tracked.pid, episode.slot)
+                    .map(|(before, found)| found.attempts().saturating_sub(before.attempts())),
+                rate_before_per_sec: self.rates.rate_before_latest(tracked.pid, episode.slot),
                 cause: None,
                 cause_settled: false,
                 timeline: None,
@@ -1126,10 +1138,7 @@ impl State {
                     "drop storm{permit}"
                 );
             }
-            if self.storms.len() == self.config.storm_history {
-                self.storms.pop_front();
-            }
-            self.storms.push_back(storm);
+            self.storms.push(storm);
         }
     }
 
@@ -1220,23 +1229,24 @@ impl State {
             merged: 0,
             scan_gaps: Vec::new(),
             max_scan_gap_ns: 0,
+            attempts_at_open: None,
+            rate_before_per_sec: None,
             cause: Some(crate::model::Cause {
-                kind: cause::NO_RING.into(),
+                kind: diagnosis::NO_RING.into(),
                 summary: summary(grown),
-                confidence: "high".into(),
+                confidence: crate::model::Confidence::High,
                 evidence: vec![format!(
                     "the segment's lost_no_ring counter grew by {grown} (to {lost}) between two scans; the ring table has {capacity} slots"
                 )],
                 interval: None,
                 culprit: None,
+                rate: None,
+                fix: Some("raise SUBETHA_RING_SLOTS above the number of observing threads".into()),
             }),
             cause_settled: false,
             timeline: None,
         };
-        if self.storms.len() == self.config.storm_history {
-            self.storms.pop_front();
-        }
-        self.storms.push_back(storm);
+        self.storms.push(storm);
     }
 
     fn release_all(&mut self) {
@@ -1264,7 +1274,7 @@ impl State {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 scans: self.scan_count,
-                scan_interval_us: self.pacer.pause().as_micros() as u64,
+                scan_interval_us: self.rates.pause().as_micros() as u64,
                 scan_duration_ns: Quantiles::from_histogram(&self.scan_durations, |v| v),
                 scan_gap_ns: Quantiles::from_histogram(&self.scan_gaps, |v| v),
                 scan_duration_buckets: Buckets::from_histogram(&self.scan_durations, |v| v),
@@ -1519,6 +1529,18 @@ fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The CPU probe events last placed a producer on at or before `at_ns`
+/// (else the first after it): the CPU the storm's evidence names and its
+/// picture draws, from the same events.
+fn producer_cpu_at(seen: Option<&VecDeque<(u64, u32)>>, at_ns: u64) -> Option<u32> {
+    let seen = seen?;
+    seen.iter()
+        .filter(|&&(at, _)| at <= at_ns)
+        .max_by_key(|&&(at, _)| at)
+        .or_else(|| seen.iter().min_by_key(|&&(at, _)| at))
+        .map(|&(_, cpu)| cpu)
+}
+
 /// Scan gaps overlapping `[begin, end]` (end None: until now), longest
 /// first, at most 8. Walks the history backwards and stops at the first scan
 /// that ended before `begin`, so an update costs the storm's length in scans,
@@ -1575,6 +1597,15 @@ mod tests {
         assert_eq!(scans_for_diagnosis(&VecDeque::new(), 5..=9), 0..0);
         // After the last scan: the last scan only.
         assert_eq!(scans_for_diagnosis(&scans, 400..=500), 4..5);
+    }
+
+    #[test]
+    fn the_producer_cpu_is_the_one_seen_at_the_storm() {
+        let seen: VecDeque<(u64, u32)> = [(10, 0), (50, 1), (90, 3)].into();
+        assert_eq!(producer_cpu_at(Some(&seen), 60), Some(1));
+        assert_eq!(producer_cpu_at(Some(&seen), 5), Some(0));
+        assert_eq!(producer_cpu_at(Some(&seen), 100), Some(3));
+        assert_eq!(producer_cpu_at(None, 100), None);
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //! * [`pidns`] — a process's ids in its own pid and user namespaces.
 //! * [`container`] — the container, pod and service a process belongs to.
 //! * [`agent`] — the scan thread: attach, drain, exits, storms.
-//! * [`cause`] — why a storm happened, from kernel or /proc evidence.
+//! * [`diagnosis`] — why a storm happened (pure: evidence in, cause, rate,
+//!   confidence and fix out); [`sched_sampler`] — the scanner's /proc
+//!   scheduler counters it reads without probes.
+//! * [`ring_rates`] — each ring's push rate and when the next scan is due.
+//! * [`history`] — the bounded histories the scan thread keeps.
 //! * [`registration`] — the socket applications announce segments on.
 //! * [`model`] — the serialisable picture every output is rendered from.
 //! * [`doctor`] — what the host allows; [`client`] — talking to a running agent;
@@ -22,13 +26,14 @@
 
 pub mod agent;
 pub mod auth;
-pub mod cause;
 pub mod client;
 pub mod config;
 pub mod container;
+pub mod diagnosis;
 pub mod discovery;
 pub mod doctor;
 pub mod export;
+pub mod history;
 pub mod http;
 pub mod logging;
 pub mod metrics;
@@ -40,6 +45,8 @@ pub mod probes;
 pub mod profile;
 pub mod registration;
 pub mod report;
+pub mod ring_rates;
+pub mod sched_sampler;
 pub mod series;
 pub mod sites;
 pub mod top;

@@ -53,7 +53,9 @@ enum Command {
     Snapshot(SnapshotArgs),
     /// Ask a running agent for its state.
     Status(StatusArgs),
-    /// Drop storms of a running agent, newest first.
+    /// Drop storms of a running agent, newest first (with `--json` too; the
+    /// JSON API's `/api/v1/storms` and a snapshot's `storms` list them
+    /// oldest first, for polling with `?since=`).
     Storms(StatusArgs),
     /// Live terminal view of a running agent.
     Top(subetha_agent::top::TopArgs),
@@ -516,7 +518,7 @@ fn status(args: StatusArgs, storms_only: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
         if storms_only {
-            writeln!(out, "{}", serde_json::to_string_pretty(&snapshot.storms)?)?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&newest_first(&snapshot))?)?;
         } else {
             writeln!(out, "{body}")?;
         }
@@ -529,6 +531,11 @@ fn status(args: StatusArgs, storms_only: bool) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// A snapshot's storms (kept oldest first), newest first.
+fn newest_first(snapshot: &AgentSnapshot) -> Vec<&subetha_agent::model::StormReport> {
+    snapshot.storms.iter().rev().collect()
 }
 
 /// Which text form [`print_summary`] prints.
@@ -601,7 +608,7 @@ fn print_summary(out: &mut impl Write, snapshot: &AgentSnapshot, view: View) -> 
         View::Summary => SUMMARY_STORMS,
         View::Storms => usize::MAX,
     };
-    for s in snapshot.storms.iter().rev().take(shown) {
+    for s in newest_first(snapshot).into_iter().take(shown) {
         match view {
             View::Summary => writeln!(out, "  {}", storm_line(s))?,
             View::Storms => print_storm(out, s)?,

@@ -459,6 +459,15 @@ pub struct StormReport {
     pub scan_gaps: Vec<ScanGap>,
     /// Longest overlapping scan gap, ns.
     pub max_scan_gap_ns: u64,
+    /// Push attempts (drained plus dropped) on its ring between the scan
+    /// before the storm and the scan that found it, from the ring's counters
+    /// (None: not known).
+    #[serde(default)]
+    pub attempts_at_open: Option<u64>,
+    /// Its ring's push rate (obs/s) over the scan interval before the one
+    /// the storm began in, from the ring's counters (None: not known).
+    #[serde(default)]
+    pub rate_before_per_sec: Option<f64>,
     /// Why it happened: recomputed as evidence arrives, final once
     /// `cause_settled`.
     pub cause: Option<Cause>,
@@ -603,16 +612,67 @@ pub struct Cause {
     pub kind: String,
     /// One readable sentence.
     pub summary: String,
-    /// `high` (kernel events), `low` (inferred from /proc counters).
-    pub confidence: String,
+    /// How sure the verdict is.
+    pub confidence: Confidence,
     /// Supporting facts, readable.
     pub evidence: Vec<String>,
+    /// The producer's push rate over the storm, as measured.
+    #[serde(default)]
+    pub rate: Option<PushRate>,
+    /// What to change so that it does not happen again (the summary ends
+    /// with it too).
+    #[serde(default)]
+    pub fix: Option<String>,
     /// The interval the verdict rests on (CLOCK_MONOTONIC ns): for a
     /// preempted scanner the time it was runnable but off-CPU, for a blocked
     /// one the time it slept.
     pub interval: Option<Interval>,
     /// The task that kept the scanner off its CPU, when known.
     pub culprit: Option<Culprit>,
+}
+
+/// How sure a storm's cause is. Serialised as `"high"` or `"low"`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Confidence {
+    /// Inferred: from `/proc` counters, or from rates that are only bounds.
+    #[default]
+    Low,
+    /// Observed: kernel events, or the agent's own timing and counters.
+    High,
+}
+
+impl Confidence {
+    /// `"high"` or `"low"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::High => "high",
+            Self::Low => "low",
+        }
+    }
+}
+
+impl std::fmt::Display for Confidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A producer's push rate over a storm, measured from the ring's counters
+/// and the episode's edges.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PushRate {
+    /// The estimate, observations per second.
+    pub per_sec: f64,
+    /// It was at least this.
+    pub low_per_sec: f64,
+    /// At most this, if the producer pushed without pause until the ring
+    /// was drained (None: no upper bound known).
+    pub high_per_sec: Option<f64>,
+    /// The stretch it was measured over, ns.
+    pub over_ns: u64,
+    /// How it was measured, readable.
+    pub basis: String,
 }
 
 /// A span of CLOCK_MONOTONIC time.

@@ -541,16 +541,35 @@ fn claim_ring(segment: &'static Segment) -> Result<Producer, RegistryError> {
     if FAILED_CLAIM_EPOCH.get() == Some(free_epoch) {
         return Err(RegistryError::RingTableFull { capacity });
     }
-    // A free slot first (touched ones before untouched), and only when there
-    // is none an exited thread's: an adopter starts on its leftovers, and on
-    // a full ring it would drop its own first observations.
-    if let Some(producer) = claim_first(view, 0..capacity, slot_state::FREE) {
-        return Ok(producer);
-    }
-    // Read after the free pass: a slot claimed meanwhile may be orphaned now.
-    let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
-    if let Some(producer) = adopt_emptiest(view, high_water) {
-        return Ok(producer);
+    for look in 0..2 {
+        // A free slot already touched first; then an exited thread's whose
+        // ring is empty (nothing to inherit: under churn this keeps the
+        // table as small as the threads alive at once); then an untouched
+        // free slot; and only when there is none an exited thread's with
+        // leftovers: an adopter starts on them, and on a full ring it would
+        // drop its own first observations.
+        let touched = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
+        if let Some(producer) = claim_first(view, 0..touched, slot_state::FREE) {
+            return Ok(producer);
+        }
+        if let Some(producer) = adopt_emptiest(view, touched, 0) {
+            return Ok(producer);
+        }
+        if let Some(producer) = claim_first(view, touched..capacity, slot_state::FREE) {
+            return Ok(producer);
+        }
+        // Read after the free pass: a slot claimed meanwhile may be orphaned
+        // now.
+        let high_water = view.live().rings_high_water.load(Ordering::Acquire).min(capacity);
+        if let Some(producer) = adopt_emptiest(view, high_water, usize::MAX) {
+            return Ok(producer);
+        }
+        if look == 0 {
+            // Under thread churn a slot is often a moment from ORPHANED (its
+            // thread is running its exit destructors) or FREE (a consumer is
+            // freeing it): give them the CPU once before counting a loss.
+            std::thread::yield_now();
+        }
     }
     FAILED_CLAIM_EPOCH.set(Some(free_epoch));
     // Once per failed look at the table (not per lost observation).
@@ -572,8 +591,9 @@ fn claim_first(view: &'static SegmentView, range: std::ops::Range<u32>, wanted: 
 }
 
 /// Adopts the orphaned slot below `high_water` whose ring holds the fewest
-/// leftovers (so a thread does not start on a nearly full ring), if any.
-fn adopt_emptiest(view: &'static SegmentView, high_water: u32) -> Option<Producer> {
+/// leftovers (so a thread does not start on a nearly full ring), if any
+/// holds at most `most_leftovers`.
+fn adopt_emptiest(view: &'static SegmentView, high_water: u32, most_leftovers: usize) -> Option<Producer> {
     // Another thread may adopt the chosen slot first: look again, a bounded
     // number of times (each miss means another thread got a ring).
     for _ in 0..16 {
@@ -591,7 +611,7 @@ fn adopt_emptiest(view: &'static SegmentView, high_water: u32) -> Option<Produce
                 }
             }
         }
-        let (_, index) = best?;
+        let (_, index) = best.filter(|&(queued, _)| queued <= most_leftovers)?;
         let slot = view.ring_slot(index).expect("index < capacity");
         if try_claim(slot, slot_state::ORPHANED) {
             return Some(install(view, slot, index));

@@ -51,6 +51,7 @@ pub mod forking;
 pub mod procfs;
 pub mod prometheus;
 pub mod sched;
+pub mod staging;
 pub mod tmux;
 
 /// Generous deadline for anything that waits on another thread or process.

@@ -224,6 +224,42 @@ fn status_summarises_storms_and_storms_has_the_evidence() {
         storms.lines().any(|l| l.trim_start().starts_with("- ")),
         "evidence lines:\n{storms}"
     );
+    // Newest first in the CLI, as its help says (text and JSON); oldest
+    // first in the JSON API and the snapshot, as theirs say.
+    let ids = |text: &str| -> Vec<u64> {
+        text.lines()
+            .filter_map(|l| l.trim_start().strip_prefix('#'))
+            .filter_map(|l| l.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            .collect()
+    };
+    let descending = |ids: &[u64]| ids.len() > 1 && ids.windows(2).all(|w| w[0] > w[1]);
+    assert!(
+        descending(&ids(&status)),
+        "status newest first: {:?}",
+        ids(&status)
+    );
+    assert!(
+        descending(&ids(&storms)),
+        "storms newest first: {:?}",
+        ids(&storms)
+    );
+    let json_ids = |body: &str| -> Vec<u64> {
+        let storms: serde_json::Value = serde_json::from_str(body).expect("storms JSON");
+        storms
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|s| s["id"].as_u64().expect("id"))
+            .collect()
+    };
+    let cli_json = json_ids(&text(&["storms", "--addr", &addr, "--json"]));
+    assert!(descending(&cli_json), "storms --json newest first: {cli_json:?}");
+    let api =
+        json_ids(&subetha_agent::client::get(agent.addr(), "/api/v1/storms").expect("GET /api/v1/storms"));
+    assert!(
+        api.len() > 1 && api.windows(2).all(|w| w[0] < w[1]),
+        "the API oldest first: {api:?}"
+    );
     drop(workload);
 }
 

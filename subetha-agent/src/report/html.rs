@@ -84,7 +84,7 @@ pub fn report(agent: &AgentInfo, storms: &[StormDetail]) -> Result<String> {
             },
             cause = storm.cause.as_ref().map_or_else(
                 || "not diagnosed yet".to_string(),
-                |c| format!("{} ({})", escape(&c.kind), escape(&c.confidence))
+                |c| format!("{} ({})", escape(&c.kind), escape(c.confidence.as_str()))
             ),
         )?;
     }

@@ -141,7 +141,11 @@ pub fn title_lines(storm: &StormReport) -> (String, String) {
         storm.duration_ns as f64 / 1e6,
         cause.map_or_else(
             || "cause not diagnosed yet".to_string(),
-            |c| format!("{} ({} confidence)", clean(&c.kind, 40), clean(&c.confidence, 10))
+            |c| format!(
+                "{} ({} confidence)",
+                clean(&c.kind, 40),
+                clean(c.confidence.as_str(), 10)
+            )
         ),
     );
     let summary = cause.map_or_else(String::new, |c| clean(&c.summary, 400));
@@ -326,7 +330,14 @@ where
     // Scanner lane.
     match &timeline.scanner {
         Some(spans) => {
-            let mut boxes = vec![Rectangle::new([(x0, 220), (x1, 280)], RUNNING.filled())];
+            // Known only where seen: running during the agent's own scans,
+            // off-CPU where the probes saw it; unknown in between.
+            let mut boxes = vec![Rectangle::new([(x0, 220), (x1, 280)], UNKNOWN.filled())];
+            for scan in &timeline.scans {
+                let begin = ms(storm, scan.begin_mono_ns).max(x0);
+                let end = ms(storm, scan.end_mono_ns).min(x1).max(begin + min_width);
+                boxes.push(Rectangle::new([(begin, 220), (end, 280)], RUNNING.filled()));
+            }
             for span in spans {
                 let color = if span.state == "blocked" { BLOCKED } else { WAITING };
                 let begin = ms(storm, span.begin_mono_ns).max(x0);

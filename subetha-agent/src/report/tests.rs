@@ -27,7 +27,7 @@ fn preempted_storm() -> StormDetail {
             kind: "scanner_preempted".into(),
             summary: "the scanner was runnable but off-CPU for 50.0 ms on CPU 1, preempted by subetha-hog (pid 4242)"
                 .into(),
-            confidence: "high".into(),
+            confidence: crate::model::Confidence::High,
             evidence: vec!["runqueue wait 50.0 ms".into()],
             interval: Some(Interval {
                 begin_mono_ns: BEGIN - 2 * MS,
@@ -38,6 +38,7 @@ fn preempted_storm() -> StormDetail {
                 comm: "subetha-hog".into(),
                 cpu: 1,
             }),
+            ..Cause::default()
         }),
         cause_settled: true,
         ..StormReport::default()
@@ -274,4 +275,20 @@ fn an_unknown_storm_is_named_in_the_error() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[test]
+fn the_scanner_lane_is_running_only_where_scans_were_and_unknown_between() {
+    // With the probes on but no off-CPU span kept, the old lane was green
+    // ("running") from edge to edge, while the scanner slept between scans.
+    let mut detail = preempted_storm();
+    let timeline = detail.timeline.as_mut().unwrap();
+    timeline.scanner = Some(Vec::new());
+    timeline.scans.truncate(3);
+    let svg = render::svg(&detail).expect("render");
+    let fill = |c: (u8, u8, u8)| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);
+    let running = svg.matches(&fill((120, 190, 120))).count();
+    // One box per scan, and the legend's swatch.
+    assert_eq!(running, 3 + 1, "running boxes in {svg}");
+    assert!(svg.contains(&fill((210, 210, 210))), "an unknown background");
 }

@@ -11,13 +11,18 @@
 //!
 //! The window runs from a margin before the storm's first drop to a margin
 //! after its end (the storm's length, between 5 and 50 ms), widened to the
+//! scan gaps overlapping the storm (the drops are counted by the scans at
+//! their edges, so a window without them would draw no drops) and to the
 //! cause's interval (at most 1 s either way), and never past `now`.
+//! Between the agent's scans the scanner's state is known only from the
+//! probes: the picture draws it as unknown, never as running.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use subetha_core::drain::RingRecord;
 
-use crate::cause::OffCpu;
+use crate::diagnosis::OffCpu;
+use crate::history::BoundedHistory;
 use crate::model::{
     CpuSpan, DropSample, Interval, RingDrops, ScannerSpan, StormReport, StormTimeline, TaskRef,
 };
@@ -55,12 +60,22 @@ struct TraceSample {
 /// The drop counters of one process's rings over time, recorded only where
 /// they change (with the scan before the change, so a rate is never spread
 /// over a long quiet stretch), bounded.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DropTrace {
     /// Per slot: the counter last read and when.
     last: Vec<Option<(u64, u64)>>,
-    samples: VecDeque<TraceSample>,
+    samples: BoundedHistory<TraceSample>,
     names: HashMap<u32, String>,
+}
+
+impl Default for DropTrace {
+    fn default() -> Self {
+        Self {
+            last: Vec::new(),
+            samples: BoundedHistory::new(TRACE_HISTORY),
+            names: HashMap::new(),
+        }
+    }
 }
 
 impl DropTrace {
@@ -95,10 +110,7 @@ impl DropTrace {
     }
 
     fn push(&mut self, at_mono_ns: u64, ring: &RingRecord, dropped: u64) {
-        if self.samples.len() == TRACE_HISTORY {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(TraceSample {
+        self.samples.push(TraceSample {
             at_mono_ns,
             slot: ring.slot,
             tid: ring.os_tid,
@@ -149,6 +161,9 @@ pub struct TimelineInputs<'a> {
     pub max_ordinary_sleep_ns: u64,
     /// The producer thread's CPU as probe events saw it: (ns, cpu).
     pub producer_cpu: Option<&'a VecDeque<(u64, u32)>>,
+    /// The CPU of the producer's latest drop-hook event, when no timed
+    /// event placed it (what the storm's evidence then names).
+    pub producer_cpu_latest: Option<u32>,
 }
 
 /// The window a storm's timeline covers (see the module docs).
@@ -157,6 +172,13 @@ pub fn window(storm: &StormReport, now: u64) -> Interval {
     let margin = (end - storm.begin_mono_ns).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
     let mut begin = storm.begin_mono_ns.saturating_sub(margin);
     let mut finish = end.saturating_add(margin);
+    let earliest = storm.begin_mono_ns.saturating_sub(MAX_CAUSE_WIDENING_NS);
+    let latest = end.saturating_add(MAX_CAUSE_WIDENING_NS);
+    for gap in &storm.scan_gaps {
+        begin = begin.min(gap.begin_mono_ns.saturating_sub(MIN_MARGIN_NS).max(earliest));
+        // The scan ending the gap reads the counters: past its end.
+        finish = finish.max(gap.end_mono_ns.saturating_add(MIN_MARGIN_NS).min(latest));
+    }
     if let Some(interval) = storm.cause.as_ref().and_then(|c| c.interval) {
         begin = begin.min(
             interval
@@ -388,8 +410,8 @@ fn scanner_lane(
         spans.sort_by_key(|s| s.begin_mono_ns);
     }
     let note = format!(
-        "from the sched probes; runqueue waits under {:.1} ms and sleeps up to {:.1} ms (the scanner's own \
-         pauses) are not kept and show as running",
+        "from the sched probes and the agent's scans (running); runqueue waits under {:.1} ms and sleeps up to \
+         {:.1} ms (the scanner's own pauses) are not kept: between scans they show as unknown",
         inputs.min_wait_ns as f64 / 1e6,
         inputs.max_ordinary_sleep_ns as f64 / 1e6
     );
@@ -414,6 +436,19 @@ fn producer_lane(
         seen.sort_by_key(|&(at, _)| at);
         seen
     };
+    if seen.is_empty()
+        && let Some(cpu) = inputs.producer_cpu_latest
+    {
+        let span = CpuSpan {
+            begin_mono_ns: window.begin_mono_ns,
+            end_mono_ns: window.end_mono_ns,
+            cpu,
+        };
+        return (
+            Some(vec![span]),
+            "the CPU of the producer's latest drop-hook event (when it ran there is not known)".to_string(),
+        );
+    }
     if !inputs.probes_active && seen.is_empty() {
         let note = format!(
             "producer CPU unknown: eBPF probes not running (probes: {})",
@@ -465,7 +500,7 @@ fn producer_lane(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Cause, StormReport};
+    use crate::model::{Cause, ScanGap, StormReport};
 
     const MS: u64 = 1_000_000;
 
@@ -575,6 +610,7 @@ mod tests {
             min_wait_ns: MS / 2,
             max_ordinary_sleep_ns: 2 * MS,
             producer_cpu: Some(&producer),
+            producer_cpu_latest: None,
         };
         let timeline = build(&storm, &inputs, None);
         assert_eq!(timeline.window.begin_mono_ns, 80 * MS);
@@ -611,6 +647,78 @@ mod tests {
     }
 
     #[test]
+    fn the_window_holds_the_causing_gap_and_the_scans_that_counted_the_drops() {
+        // The issue's storm #110: 36105 dropped in 1.72 ms, in a gap from
+        // −17.9 to +2.2 ms. The drops are counted by the scans at the gap's
+        // edges; the old window (−5…+6.7 ms) held neither and drew none.
+        let begin = 1000 * MS;
+        let storm = StormReport {
+            begin_mono_ns: begin,
+            end_mono_ns: Some(begin + 1_720_000),
+            duration_ns: 1_720_000,
+            dropped: 36_105,
+            scan_gaps: vec![ScanGap {
+                begin_mono_ns: begin - 17_900_000,
+                end_mono_ns: begin + 2_200_000,
+            }],
+            ..storm()
+        };
+        let w = window(&storm, 2000 * MS);
+        assert!(w.begin_mono_ns < begin - 17_900_000, "{w:?}");
+        assert!(w.end_mono_ns > begin + 2_200_000, "{w:?}");
+        let mut trace = DropTrace::default();
+        trace.record(&[ring(1, 101, 0)], None, begin - 30 * MS);
+        trace.record(&[ring(1, 101, 0)], None, begin - 17_900_000);
+        trace.record(
+            &[ring(1, 101, 36_105)],
+            Some(begin - 17_900_000),
+            begin + 2_300_000,
+        );
+        let scans: VecDeque<(u64, u64)> = [
+            (begin - 18 * MS, begin - 17_900_000),
+            (begin + 2_200_000, begin + 2_300_000),
+        ]
+        .into();
+        let inputs = TimelineInputs {
+            now: 2000 * MS,
+            trace: Some(&trace),
+            scans: &scans,
+            probes_active: false,
+            probes_note: "off",
+            off_cpu: &VecDeque::new(),
+            min_wait_ns: MS / 2,
+            max_ordinary_sleep_ns: 2 * MS,
+            producer_cpu: None,
+            producer_cpu_latest: None,
+        };
+        let timeline = build(&storm, &inputs, None);
+        let own = &timeline.rings[0];
+        let drawn =
+            own.samples.last().map_or(0, |s| s.dropped) - own.samples.first().map_or(0, |s| s.dropped);
+        assert_eq!(drawn, 36_105, "{:?}", own.samples);
+    }
+
+    #[test]
+    fn the_producer_cpu_the_evidence_names_is_drawn_when_no_timed_event_placed_it() {
+        let storm = storm();
+        let inputs = TimelineInputs {
+            now: 1000 * MS,
+            trace: None,
+            scans: &VecDeque::new(),
+            probes_active: true,
+            probes_note: "on",
+            off_cpu: &VecDeque::new(),
+            min_wait_ns: MS / 2,
+            max_ordinary_sleep_ns: 2 * MS,
+            producer_cpu: None,
+            producer_cpu_latest: Some(1),
+        };
+        let timeline = build(&storm, &inputs, None);
+        let cpus: Vec<u32> = timeline.producer_cpu.unwrap().iter().map(|s| s.cpu).collect();
+        assert_eq!(cpus, vec![1], "{}", timeline.producer_cpu_note);
+    }
+
+    #[test]
     fn without_probes_the_lanes_are_unknown_and_say_why() {
         let storm = storm();
         let inputs = TimelineInputs {
@@ -623,6 +731,7 @@ mod tests {
             min_wait_ns: MS / 2,
             max_ordinary_sleep_ns: 2 * MS,
             producer_cpu: None,
+            producer_cpu_latest: None,
         };
         let timeline = build(&storm, &inputs, None);
         assert!(timeline.scanner.is_none());
@@ -676,6 +785,7 @@ mod tests {
             min_wait_ns: MS / 2,
             max_ordinary_sleep_ns: 2 * MS,
             producer_cpu: None,
+            producer_cpu_latest: None,
         };
         let timeline = build(&storm, &inputs, Some(&previous));
         let at: Vec<u64> = timeline.rings[0]

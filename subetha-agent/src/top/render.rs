@@ -1024,7 +1024,7 @@ mod tests {
                 cause: Some(Cause {
                     kind: format!("kind_{id}"),
                     summary: format!("summary of storm {id}"),
-                    confidence: "high".into(),
+                    confidence: crate::model::Confidence::High,
                     evidence: vec![format!("evidence line of storm {id}")],
                     culprit: Some(Culprit {
                         pid: 88,

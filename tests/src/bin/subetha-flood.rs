@@ -2,7 +2,7 @@
 //! storm-cause tests (`tests/tests/probes_*.rs`).
 //!
 //! ```text
-//! subetha-flood [--cpu C] (--rate OBS_PER_SEC --duration-ms MS | --burst N)
+//! subetha-flood [--cpu C] (--rate OBS_PER_SEC --duration-ms MS [--burst N --burst-every-ms B] | --burst N)
 //! ```
 //!
 //! Registers one instance (`flood`, kind `custom`), pins itself to CPU `C`
@@ -16,7 +16,9 @@
 //!   batches of `--batch` (default 32), spinning between batches to hold
 //!   the rate. A producer that falls behind (preempted, or slower than R)
 //!   does not catch up in a burst: its schedule restarts from now, so the
-//!   only storms are the ones the consumer causes.
+//!   only storms are the ones the consumer causes. With `--burst N
+//!   --burst-every-ms B` it also pushes N back to back every B ms (the
+//!   first B ms in), then returns to the rate.
 //! * `--burst N`: N observations back to back, as fast as it can.
 //!
 //! At the end it prints one JSON line of exact ground truth and exits 0:
@@ -46,10 +48,15 @@ fn main() {
         })
     };
     let mode = match (num("rate"), num("duration-ms"), num("burst")) {
-        (Some(rate), Some(ms), None) if rate > 0 => Mode::Rate {
+        (Some(rate), Some(ms), burst) if rate > 0 => Mode::Rate {
             rate,
             duration_ns: ms * 1_000_000,
             batch: num("batch").unwrap_or(32).max(1),
+            bursts: match (burst, num("burst-every-ms")) {
+                (Some(n), Some(every)) if every > 0 => Some((n, every * 1_000_000)),
+                (None, None) => None,
+                _ => usage("--burst with --rate needs --burst-every-ms B (B > 0)"),
+            },
         },
         (None, None, Some(n)) => Mode::Burst(n),
         _ => usage("give either --rate R --duration-ms D or --burst N"),
@@ -89,8 +96,10 @@ fn main() {
             rate,
             duration_ns,
             batch,
+            bursts,
         } => {
             let deadline = begin + duration_ns;
+            let mut next_burst = bursts.map(|(_, every)| begin + every);
             // Observations pushed since `epoch`, whose schedule they follow.
             let (mut epoch, mut since_epoch) = (begin, 0u64);
             loop {
@@ -102,6 +111,18 @@ fn main() {
                 let mut now = monotonic_ns();
                 if now >= deadline {
                     break;
+                }
+                if let (Some(at), Some((n, every))) = (next_burst, bursts)
+                    && now >= at
+                {
+                    for _ in 0..n {
+                        counts.observe(&instance);
+                    }
+                    next_burst = Some(at + every);
+                    // The rate resumes from here, not catching up.
+                    now = monotonic_ns();
+                    (epoch, since_epoch) = (now, 0);
+                    continue;
                 }
                 if now > due + 1_000_000 {
                     // More than 1 ms behind: start a new schedule rather
@@ -136,7 +157,13 @@ fn main() {
 }
 
 enum Mode {
-    Rate { rate: u64, duration_ns: u64, batch: u64 },
+    Rate {
+        rate: u64,
+        duration_ns: u64,
+        batch: u64,
+        /// (observations, every ns) pushed back to back on top of the rate.
+        bursts: Option<(u64, u64)>,
+    },
     Burst(u64),
 }
 
@@ -171,7 +198,7 @@ fn say(line: &str) {
 fn usage(error: &str) -> ! {
     eprintln!(
         "subetha-flood: {error}\nusage: subetha-flood [--cpu C|none] \
-         (--rate OBS_PER_SEC --duration-ms MS [--batch N] | --burst N)"
+         (--rate OBS_PER_SEC --duration-ms MS [--batch N] [--burst N --burst-every-ms B] | --burst N)"
     );
     std::process::exit(2)
 }

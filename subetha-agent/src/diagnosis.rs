@@ -1,5 +1,6 @@
 //! Why a ring dropped observations: turning what the kernel and the scanner
-//! did around a storm into a cause with evidence.
+//! did around a storm into a cause, a measured push rate, a confidence and
+//! a fix.
 //!
 //! A ring drops when its producer outruns its consumer. Either the consumer
 //! (the scanner thread) was not running — **preempted** (runnable, but
@@ -23,10 +24,22 @@
 //! slept): those causes have `high` confidence. Without probes the agent
 //! samples the scanner's `/proc/<tid>/schedstat` run delay and involuntary
 //! context switches; a cause inferred from those is marked `low`.
-//! [`diagnose`] is pure: it takes the facts and returns the verdict, so every
-//! rule is unit-tested.
+//!
+//! The producer's push rate is measured, not bounded (`measure_rate`): every
+//! push between a ring's first drop and the scan that drained it failed, so
+//! the storm's drops over that stretch are its rate, with the stretch's
+//! uncertainty (where in that scan the ring was reached) stated. A long pause
+//! is blamed (**scan interval too long**) only when the ring was already that
+//! busy before (at the rate its counters saw in the scan interval before the
+//! storm it fills within the pause taken) and a pause the agent can take
+//! would have fitted; a change of pace within one pause is a **producer
+//! burst**, with the rate that shows whether any scan rate could keep up.
+//! Every verdict ends with what to change.
+//!
+//! This module is pure: it takes the facts and returns the verdict, so every
+//! rule is unit-tested ([`crate::sched_sampler`] does the I/O without probes).
 
-use crate::model::{Cause, Culprit, Interval, StormReport};
+use crate::model::{Cause, Confidence, Culprit, Interval, PushRate, StormReport};
 
 /// The cause kind of observations lost for want of a ring slot.
 pub const NO_RING: &str = "no_ring";
@@ -191,18 +204,27 @@ fn agent_busy(storm: &StormReport, facts: &Facts<'_>, evidence: &mut Vec<String>
             longest.what
         ),
         // The agent timed its own work: nothing is inferred.
-        confidence: "high".into(),
+        confidence: Confidence::High,
         evidence: std::mem::take(evidence),
         interval: Some(Interval {
             begin_mono_ns: longest.begin_ns.max(begin),
             end_mono_ns: longest.end_ns.min(end),
         }),
         culprit: None,
+        rate: None,
+        fix: Some(format!(
+            "the agent's own work ({}) delayed its scans: report it, or run the agent with `--scanner-cpu` on a quiet CPU",
+            longest.what
+        )),
     })
 }
 
-/// The verdict for `storm`.
+/// The verdict for `storm`: its cause, measured rate, confidence and fix.
 pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
+    finish(verdict(storm, facts), measure_rate(storm, facts))
+}
+
+fn verdict(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     let begin = storm.begin_mono_ns;
     let end = storm.end_mono_ns.unwrap_or(begin + storm.duration_ns).max(begin);
     // The longest scan that overlaps the storm, (start, duration). A
@@ -236,10 +258,11 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         .find(|&&(_, scan_end)| scan_end <= begin)
         .map(|&(_, scan_end)| begin - scan_end)
         .filter(|&ns| ns >= 1_000);
-    let push_rate = match filled_in {
-        Some(ns) => Some(facts.ring_capacity as f64 * 1e9 / ns as f64),
-        None => push_rate(storm, facts.ring_capacity),
-    };
+    // Its average rate over that fill, and the rate measured over the drops.
+    let fill_rate = filled_in.map(|ns| facts.ring_capacity as f64 * 1e9 / ns as f64);
+    let measured = measure_rate(storm, facts);
+    // The rate the verdicts weigh: the measured one, else the fill's average.
+    let push_rate = measured.as_ref().map(|r| r.per_sec).or(fill_rate);
     let fill_ns = fill_time_ns(facts.ring_capacity, push_rate);
     let mut evidence = vec![
         format!(
@@ -254,14 +277,38 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
             ms(storm.max_scan_gap_ns)
         ),
     ];
-    if let Some(rate) = push_rate {
+    if let Some(rate) = &measured {
         evidence.push(format!(
-            "producer pushed at least {:.1} M obs/s: a {}-slot ring fills in {}",
-            rate / 1e6,
+            "producer pushed {} over the storm ({}): a {}-slot ring fills in {}",
+            rate_text(rate),
+            rate.basis,
             facts.ring_capacity,
             ms(fill_ns.unwrap_or(0))
         ));
     }
+    if let (Some(ns), Some(rate)) = (filled_in, fill_rate) {
+        evidence.push(format!(
+            "the ring filled in {} after the scan before the storm (on average {:.2} M obs/s)",
+            ms(ns),
+            rate / 1e6
+        ));
+    }
+    // The pause is to blame only if the ring was already that busy before:
+    // at the rate its counters saw in the scan interval before, it fills
+    // within the pause the scanner took. A producer that changed pace within
+    // the pause (from quiet, or far slower) is a burst no plan saw coming.
+    let before_fill_ns = storm
+        .rate_before_per_sec
+        .filter(|&rate| rate >= 1.0)
+        .map(|rate| (facts.ring_capacity as f64 * 1e9 / rate) as u64);
+    if let (Some(before), Some(fill)) = (storm.rate_before_per_sec, before_fill_ns) {
+        evidence.push(format!(
+            "in the scan interval before, the ring's counters saw {}: a ring-full in {}",
+            per_sec_text(before),
+            ms(fill)
+        ));
+    }
+    let busy_before = before_fill_ns.is_some_and(|fill| fill < gap);
     if let Some(cpu) = facts.producer_cpu {
         evidence.push(format!("producer last ran on CPU {cpu}"));
     }
@@ -318,7 +365,7 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 ms(longest.runnable_wait_ns()),
                 longest.cpu_in,
             ),
-            confidence: "high".into(),
+            confidence: Confidence::High,
             evidence,
             interval: Some(Interval {
                 begin_mono_ns: longest.runnable_since(),
@@ -329,6 +376,11 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 comm: longest.holder_comm.clone(),
                 cpu: longest.cpu_in,
             }),
+            rate: None,
+            fix: Some(format!(
+                "give the scan thread a CPU of its own: `--scanner-cpu N` on a CPU other than {}, or raise the agent's priority",
+                longest.cpu_in
+            )),
         };
     }
     if let Some(longest) = overlapping.iter().max_by_key(|o| o.asleep_ns())
@@ -349,16 +401,25 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 ms(longest.asleep_ns()),
                 state_name(longest.state)
             ),
-            confidence: "high".into(),
+            confidence: Confidence::High,
             evidence,
             interval: Some(Interval {
                 begin_mono_ns: longest.out_ns,
                 end_mono_ns: longest.runnable_since(),
             }),
             culprit: None,
+            rate: None,
+            fix: Some(format!(
+                "find what the scan thread waited on ({}): memory pressure, swap or slow storage under the agent",
+                state_name(longest.state)
+            )),
         };
     }
-    let confidence = if facts.probes { "high" } else { "low" };
+    let confidence = if facts.probes {
+        Confidence::High
+    } else {
+        Confidence::Low
+    };
     // How long the scanner was away from the rings: the longest gap
     // between scans, or a scan it was held up in.
     let held_in_scan = overlapping_scan.map_or(0, |(_, took)| took);
@@ -391,10 +452,15 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 "the scanner probably waited {} for a CPU (no kernel events: inferred from /proc)",
                 ms(delay)
             ),
-            confidence: "low".into(),
+            confidence: Confidence::Low,
             evidence,
             interval: None,
             culprit: None,
+            rate: None,
+            fix: Some(
+                "give the scan thread a CPU of its own (`--scanner-cpu N`); run with the probes (`--probes on`, as root) to see what held it off"
+                    .into(),
+            ),
         };
     }
     let (longest_scan, longest_scan_drained) = facts
@@ -422,6 +488,9 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     let busy_draining = longest_scan_drained >= facts.ring_capacity;
     if let Some(fill) = fill_ns
         && longest_scan > fill
+        // Scans shorter than the shortest pause are not what a faster
+        // scanner would change.
+        && longest_scan > facts.min_interval_ns
         && !outran
         && !busy_draining
     {
@@ -437,10 +506,15 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 ms(longest_scan),
                 ms(fill)
             ),
-            confidence: confidence.into(),
+            confidence,
             evidence,
             interval: None,
             culprit: None,
+            rate: None,
+            fix: Some(
+                "one scan is too long for this producer: pin the scan thread (`--scanner-cpu N`), or observe less in this code path (sample the instance)"
+                    .into(),
+            ),
         };
     }
     if let Some(cause) = agent_busy(storm, facts, &mut evidence) {
@@ -448,9 +522,10 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
     }
     // The scanner ran and paused as configured. Was the pause the problem,
     // or would even back-to-back scans have lost?
-    // Pauses of a millisecond or less are wake-up jitter around a short
-    // interval, not a configuration to blame.
-    let near_min = gap <= facts.min_interval_ns.saturating_mul(3).max(1_000_000);
+    // Pauses within a few of a short shortest pause (and at most a
+    // millisecond) are wake-up jitter, not a configuration to blame.
+    let near_min = facts.min_interval_ns < 1_000_000
+        && gap <= facts.min_interval_ns.saturating_mul(3).clamp(300_000, 1_000_000);
     // A gap far beyond the scanner's longest pause, with nothing seen
     // keeping it off its CPU: it stalled for a reason not observed (e.g.
     // without probes, or inside the agent's own work).
@@ -467,32 +542,57 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
                 ms(gap),
                 ms(facts.max_interval_ns)
             ),
-            confidence: "low".into(),
+            confidence: Confidence::Low,
             evidence,
             interval: storm.scan_gaps.first().map(|g| Interval {
                 begin_mono_ns: g.begin_mono_ns,
                 end_mono_ns: g.end_mono_ns,
             }),
             culprit: None,
+            rate: None,
+            fix: Some("run with the probes (`--probes on`, as root) to see what held the scanner off".into()),
         };
     }
-    if !near_min && fill_ns.is_some_and(|fill| gap > fill) {
+    let dropped_text = format!("{} dropped in {}", storm.dropped, ms(end - begin));
+    if !near_min
+        && busy_before
+        && let Some(fill) = before_fill_ns
+        && gap > fill
+        && fill / 2 >= SHORTEST_SUGGESTED_NS
+    {
+        let (_, pause) = suggest_pause(fill / 2);
+        let flag = if facts.min_interval_ns > fill / 2 {
+            "--min-scan-interval"
+        } else {
+            "--max-scan-interval"
+        };
         evidence.push(format!(
-            "the scanner paused {} between scans; the ring fills in {}",
+            "the scanner paused {} between scans; at the rate before the storm the ring fills in {}",
             ms(gap),
-            ms(fill_ns.unwrap_or(0))
+            ms(fill)
         ));
+        // The rate is a measurement only when both ends of the drop stretch
+        // are known.
+        let measured_well = measured.as_ref().is_some_and(|m| m.high_per_sec.is_some());
         return Cause {
             kind: "scan_interval_too_long".into(),
             summary: format!(
-                "the scan interval ({}) is too long for the push rate: the ring fills in {}",
+                "the scan interval ({}) is too long for this producer ({} before the storm, {} in it): the ring fills in {}",
                 ms(gap),
-                ms(fill_ns.unwrap_or(0))
+                storm.rate_before_per_sec.map_or_else(String::new, per_sec_text),
+                push_rate.map_or_else(|| "unknown".into(), per_sec_text),
+                ms(fill)
             ),
-            confidence: confidence.into(),
+            confidence: if measured_well {
+                confidence
+            } else {
+                Confidence::Low
+            },
             evidence,
             interval: None,
             culprit: None,
+            rate: None,
+            fix: Some(format!("lower `{flag}` to {pause}")),
         };
     }
     if let (true, Some(drain)) = (outran, drain_rate) {
@@ -502,25 +602,175 @@ pub fn diagnose(storm: &StormReport, facts: &Facts<'_>) -> Cause {
         ));
     }
     evidence.push(format!("the scanner ran unhindered, scanning every {}", ms(gap)));
+    let fix = match fill_ns {
+        Some(fill) if fill < facts.min_interval_ns => format!(
+            "this burst ({dropped_text}) fills a ring in {}, faster than the shortest pause ({}): no scan rate keeps up; observe less in this code path (sample the instance, or back off between polls)",
+            ms(fill),
+            ms(facts.min_interval_ns)
+        ),
+        Some(fill) => format!(
+            "this burst ({dropped_text}) fills a ring in {} and came within one pause: if such bursts matter, scan at least every {} (`--max-scan-interval`, more wake-ups) or observe less in this code path (sample the instance)",
+            ms(fill),
+            suggest_pause(fill / 2).1
+        ),
+        None => format!(
+            "this burst ({dropped_text}) outran the scanner: observe less in this code path (sample the instance)"
+        ),
+    };
     Cause {
         kind: "producer_burst".into(),
         summary: format!(
-            "producer burst beyond drain capacity: {} dropped although the scanner ran unhindered",
-            storm.dropped
+            "producer burst beyond drain capacity: {} dropped although the scanner ran unhindered{}",
+            storm.dropped,
+            push_rate.map_or_else(String::new, |r| format!(" (pushing {})", per_sec_text(r)))
         ),
-        confidence: confidence.into(),
+        confidence,
         evidence,
         interval: None,
         culprit: None,
+        rate: None,
+        fix: Some(fix),
     }
 }
 
-/// A lower bound of the producer's push rate during the storm, obs/s, when
-/// the fill time is unknown: it filled the ring and then dropped `dropped`
-/// in the storm's duration (at least 1 µs).
-fn push_rate(storm: &StormReport, capacity: u64) -> Option<f64> {
-    let duration = storm.duration_ns.max(storm.max_scan_gap_ns);
-    (duration >= 1_000).then(|| (storm.dropped + capacity) as f64 * 1e9 / duration as f64)
+/// The shortest pause a fix suggests (the default `--min-scan-interval`).
+const SHORTEST_SUGGESTED_NS: u64 = 100_000;
+
+/// Shortest stretch a rate is measured over.
+const MIN_MEASURED_NS: u64 = 1_000;
+
+/// The producer's push rate over a storm, measured from the episode's edges
+/// and the scans around it.
+///
+/// Every push between a ring's first drop and the scan that drained it
+/// failed, so for one episode the drops over that stretch are the push rate.
+/// The stretch ends where the last scan that began before the episode's end
+/// reached the ring: between that scan's start and end (and before the
+/// episode's end). At the stretch's longest the rate is a true lower bound;
+/// at its shortest it is an upper one if the producer pushed until the ring
+/// was drained. An episode that folds several (they began between two
+/// scans) or whose end the producer did not stamp leaves only a lower
+/// bound: every attempt the ring's counters saw between the two scans, over
+/// the time between them.
+pub fn measure_rate(storm: &StormReport, facts: &Facts<'_>) -> Option<PushRate> {
+    let begin = storm.begin_mono_ns;
+    if storm.dropped == 0 {
+        return None;
+    }
+    if storm.merged == 0
+        && !storm.end_estimated
+        && let Some(end) = storm.end_mono_ns
+    {
+        let drain = facts.scans.iter().rev().find(|&&(b, _)| b <= end).copied();
+        let (earliest, latest) = match drain {
+            Some((scan_begin, scan_end)) if scan_end > begin => {
+                (scan_begin.max(begin).min(end), scan_end.min(end))
+            }
+            _ => (end, end),
+        };
+        let longest = latest.saturating_sub(begin);
+        let shortest = earliest.saturating_sub(begin);
+        if longest < MIN_MEASURED_NS {
+            return None;
+        }
+        let low = storm.dropped as f64 * 1e9 / longest as f64;
+        let high = (shortest >= MIN_MEASURED_NS).then(|| storm.dropped as f64 * 1e9 / shortest as f64);
+        return Some(PushRate {
+            per_sec: high.map_or(low, |high| (low * high).sqrt()),
+            low_per_sec: low,
+            high_per_sec: high,
+            over_ns: longest,
+            basis: if shortest == longest {
+                format!(
+                    "{} drops in the {} before the ring was drained",
+                    storm.dropped,
+                    ms(longest)
+                )
+            } else {
+                format!(
+                    "{} drops in the {}–{} before the ring was drained",
+                    storm.dropped,
+                    ms(shortest),
+                    ms(longest)
+                )
+            },
+        });
+    }
+    let attempts = storm.attempts_at_open?;
+    let before = facts.scans.iter().rev().find(|&&(_, e)| e <= begin)?.1;
+    let found = facts.scans.iter().find(|&&(_, e)| e > begin)?.1;
+    let over = found.saturating_sub(before);
+    if over < MIN_MEASURED_NS {
+        return None;
+    }
+    let low = attempts as f64 * 1e9 / over as f64;
+    Some(PushRate {
+        per_sec: low,
+        low_per_sec: low,
+        high_per_sec: None,
+        over_ns: over,
+        basis: format!(
+            "{attempts} push attempts, drained and dropped, between two scans {} apart{}",
+            ms(over),
+            if storm.merged > 0 {
+                format!(", {} drop episodes folded together", storm.merged + 1)
+            } else {
+                String::new()
+            }
+        ),
+    })
+}
+
+/// `cause` with its measured rate, its summary ending with its fix.
+fn finish(mut cause: Cause, rate: Option<PushRate>) -> Cause {
+    if let Some(fix) = &cause.fix {
+        cause.summary = format!("{}. Fix: {fix}", cause.summary);
+    }
+    cause.rate = rate;
+    cause
+}
+
+/// A pause no longer than `ns`, rounded down to 1, 2 or 5 times a power of
+/// ten microseconds (at least 1 µs), and how to write it for the command
+/// line.
+pub fn suggest_pause(ns: u64) -> (u64, String) {
+    let us = (ns / 1_000).max(1);
+    let mut unit = 1;
+    while unit * 10 <= us {
+        unit *= 10;
+    }
+    let lead = us / unit;
+    let nice = unit
+        * if lead >= 5 {
+            5
+        } else if lead >= 2 {
+            2
+        } else {
+            1
+        };
+    let text = if nice >= 1_000 && nice.is_multiple_of(1_000) {
+        format!("{}ms", nice / 1_000)
+    } else {
+        format!("{nice}us")
+    };
+    (nice * 1_000, text)
+}
+
+fn per_sec_text(rate: f64) -> String {
+    format!("{:.2} M obs/s", rate / 1e6)
+}
+
+fn rate_text(rate: &PushRate) -> String {
+    match rate.high_per_sec {
+        Some(high) if high > rate.low_per_sec * 1.01 => format!(
+            "{} ({:.2}–{:.2})",
+            per_sec_text(rate.per_sec),
+            rate.low_per_sec / 1e6,
+            high / 1e6
+        ),
+        Some(_) => per_sec_text(rate.per_sec),
+        None => format!("at least {}", per_sec_text(rate.low_per_sec)),
+    }
 }
 
 fn fill_time_ns(capacity: u64, rate: Option<f64>) -> Option<u64> {
@@ -566,50 +816,12 @@ fn sched_delta(samples: &[SchedSample], window: (u64, u64)) -> Option<SchedDelta
     })
 }
 
-/// Samples the *calling* thread's scheduler counters cheaply: the run delay
-/// from `/proc/thread-self/schedstat` through a descriptor kept open (one
-/// `pread` per sample) and the involuntary switches from
-/// `getrusage(RUSAGE_THREAD)`.
-#[derive(Debug)]
-pub struct SchedSampler {
-    schedstat: std::fs::File,
-}
-
-impl SchedSampler {
-    /// Opens the calling thread's schedstat; samples must then be taken on
-    /// this same thread.
-    pub fn for_current_thread() -> Option<Self> {
-        Some(Self {
-            schedstat: std::fs::File::open("/proc/thread-self/schedstat").ok()?,
-        })
-    }
-
-    /// One sample stamped `now_ns`.
-    pub fn sample(&self, now_ns: u64) -> Option<SchedSample> {
-        use std::os::unix::fs::FileExt;
-        let mut buf = [0u8; 128];
-        let n = self.schedstat.read_at(&mut buf, 0).ok()?;
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let run_delay_ns = text.split_whitespace().nth(1)?.parse().ok()?;
-        // SAFETY: getrusage fills the zeroed struct we pass.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; RUSAGE_THREAD reports the calling thread.
-        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-            return None;
-        }
-        Some(SchedSample {
-            at_ns: now_ns,
-            run_delay_ns,
-            involuntary_switches: usage.ru_nivcsw as u64,
-        })
-    }
-}
-
 fn state_name(state: u64) -> String {
     match state {
         0 => "running".into(),
         s if s & 0x2 != 0 => "uninterruptible (D)".into(),
         s if s & 0x1 != 0 => "sleeping (S)".into(),
+        s if s & 0x4 != 0 => "stopped (T)".into(),
         s => format!("state {s:#x}"),
     }
 }
@@ -685,7 +897,7 @@ mod tests {
         assert!(cause.summary.contains("hog (pid 4242)"), "{}", cause.summary);
         assert!(!cause.evidence.iter().any(|e| e.contains("last_arrival")));
         assert!(cause.summary.contains("52.000 ms"), "{}", cause.summary);
-        assert_eq!(cause.confidence, "high");
+        assert_eq!(cause.confidence, Confidence::High);
         let interval = cause.interval.expect("interval");
         assert_eq!(
             (interval.begin_mono_ns, interval.end_mono_ns),
@@ -773,17 +985,188 @@ mod tests {
         );
     }
 
+    /// One staged storm for the table-driven cases: the last scan before it
+    /// ended at `last_scan_end`, the next scan ran `next_scan`.
+    struct Case {
+        name: &'static str,
+        begin: u64,
+        end: u64,
+        dropped: u64,
+        last_scan_end: u64,
+        next_scan: (u64, u64),
+        min_interval: u64,
+        max_interval: u64,
+        /// The ring's rate in the scan interval before, obs/s.
+        before: Option<f64>,
+        kind: &'static str,
+        confidence: Confidence,
+        /// (low, high) of the measured rate, M obs/s, to 1%.
+        rate: Option<(f64, Option<f64>)>,
+        fix: &'static str,
+    }
+
     #[test]
-    fn long_pause_is_interval_too_long() {
-        // Gaps of 10 ms, ring fills in ~1 ms.
-        let s = storm(1000 * MS, 1010 * MS, 40_000, (1000 * MS, 1010 * MS));
-        let mut f = facts(
-            &[],
-            &[(990 * MS, 990 * MS + 10_000), (1010 * MS, 1010 * MS + 10_000)],
-        );
-        f.max_interval_ns = 10 * MS;
-        let cause = diagnose(&s, &f);
-        assert_eq!(cause.kind, "scan_interval_too_long");
+    fn rates_are_measured_and_a_long_interval_is_blamed_only_when_the_ring_was_that_busy_before() {
+        let cases = [
+            Case {
+                // 4 M obs/s throughout: the ring filled in 1.024 ms and then
+                // dropped at the same pace until the scan 11 ms after the
+                // last one drained it.
+                name: "steady producer, long interval",
+                begin: 1000 * MS + 24_000,
+                end: 1010 * MS + 24_000,
+                dropped: 40_000,
+                last_scan_end: 999 * MS,
+                next_scan: (1010 * MS, 1010 * MS + 10_000),
+                min_interval: MS / 10,
+                max_interval: 10 * MS,
+                before: Some(4e6),
+                kind: "scan_interval_too_long",
+                confidence: Confidence::High,
+                rate: Some((4.0, Some(4.0))),
+                fix: "lower `--max-scan-interval` to 500us",
+            },
+            Case {
+                name: "steady producer, long shortest pause configured",
+                min_interval: 10 * MS,
+                fix: "lower `--min-scan-interval` to 500us",
+                ..Case {
+                    name: "",
+                    begin: 1000 * MS + 24_000,
+                    end: 1010 * MS + 24_000,
+                    dropped: 40_000,
+                    last_scan_end: 999 * MS,
+                    next_scan: (1010 * MS, 1010 * MS + 10_000),
+                    min_interval: 0,
+                    max_interval: 10 * MS,
+                    before: Some(4e6),
+                    kind: "scan_interval_too_long",
+                    confidence: Confidence::High,
+                    rate: Some((4.0, Some(4.0))),
+                    fix: "",
+                }
+            },
+            Case {
+                // The example: the ring took 17.9 ms to fill (0.23 M
+                // obs/s on average), then 16449 drops in 0.183 ms (90 M
+                // obs/s): a burst no scan rate keeps up with, not a pause to
+                // shorten.
+                name: "burst within a pause",
+                begin: 1000 * MS,
+                end: 1000 * MS + 183_000,
+                dropped: 16_449,
+                last_scan_end: 1000 * MS - 17_940_000,
+                next_scan: (1000 * MS + 173_000, 1000 * MS + 193_000),
+                min_interval: MS / 10,
+                max_interval: 20 * MS,
+                before: Some(0.2e6),
+                kind: "producer_burst",
+                confidence: Confidence::High,
+                // Drained between 173 and 183 µs after the first drop.
+                rate: Some((89.9, Some(95.1))),
+                fix: "faster than the shortest pause",
+            },
+            Case {
+                // 40k drops over 4 ms after a 16 ms fill: faster than the
+                // fill, but a ring-full in ~0.4 ms is within reach of a
+                // shorter pause.
+                name: "moderate burst within a pause",
+                begin: 1000 * MS,
+                end: 1004 * MS,
+                dropped: 40_000,
+                last_scan_end: 984 * MS,
+                next_scan: (1004 * MS - 10_000, 1004 * MS + 10_000),
+                min_interval: MS / 10,
+                max_interval: 20 * MS,
+                // A ring-full in 41 ms at this rate: the 20 ms pause fitted it.
+                before: Some(0.1e6),
+                kind: "producer_burst",
+                confidence: Confidence::High,
+                rate: Some((10.0, Some(10.03))),
+                fix: "scan at least every 200us",
+            },
+        ];
+        let cases = cases.into_iter().chain([Case {
+            // The same steady-looking storm with nothing known of the ring
+            // before it (it went from quiet to 4 M obs/s within one pause):
+            // a burst the agent could not have seen coming.
+            name: "from quiet within one pause",
+            begin: 1000 * MS + 24_000,
+            end: 1010 * MS + 24_000,
+            dropped: 40_000,
+            last_scan_end: 999 * MS,
+            next_scan: (1010 * MS, 1010 * MS + 10_000),
+            min_interval: MS / 10,
+            max_interval: 10 * MS,
+            before: None,
+            kind: "producer_burst",
+            confidence: Confidence::High,
+            rate: Some((4.0, Some(4.0))),
+            fix: "came within one pause",
+        }]);
+        for case in cases {
+            let mut s = storm(
+                case.begin,
+                case.end,
+                case.dropped,
+                (case.last_scan_end, case.next_scan.0),
+            );
+            s.max_scan_gap_ns = case.next_scan.0 - case.last_scan_end;
+            s.rate_before_per_sec = case.before;
+            let scans = [(case.last_scan_end - 10_000, case.last_scan_end), case.next_scan];
+            let mut f = facts(&[], &scans);
+            f.min_interval_ns = case.min_interval;
+            f.max_interval_ns = case.max_interval;
+            let cause = diagnose(&s, &f);
+            assert_eq!(
+                (cause.kind.as_str(), cause.confidence),
+                (case.kind, case.confidence),
+                "{}: {cause:#?}",
+                case.name
+            );
+            let fix = cause.fix.as_deref().unwrap_or_default();
+            assert!(fix.contains(case.fix), "{}: fix {fix:?}", case.name);
+            assert!(cause.summary.ends_with(fix), "{}: {}", case.name, cause.summary);
+            let rate = cause
+                .rate
+                .as_ref()
+                .map(|r| (r.low_per_sec / 1e6, r.high_per_sec.map(|h| h / 1e6)));
+            match (rate, case.rate) {
+                (Some((low, high)), Some((want_low, want_high))) => {
+                    assert!((low / want_low - 1.0).abs() < 0.01, "{}: low {low}", case.name);
+                    match (high, want_high) {
+                        (Some(h), Some(w)) => assert!((h / w - 1.0).abs() < 0.01, "{}: high {h}", case.name),
+                        (h, w) => assert_eq!(h.is_some(), w.is_some(), "{}", case.name),
+                    }
+                }
+                (got, want) => assert_eq!(got.is_some(), want.is_some(), "{}", case.name),
+            }
+        }
+    }
+
+    #[test]
+    fn folded_episodes_give_a_lower_bound_from_the_rings_counters() {
+        let mut s = storm(1000 * MS, 1001 * MS, 30_000, (995 * MS, 1005 * MS));
+        s.merged = 2;
+        s.attempts_at_open = Some(50_000);
+        let scans = [(994 * MS, 995 * MS), (1005 * MS, 1005 * MS + 10_000)];
+        let rate = measure_rate(&s, &facts(&[], &scans)).expect("a rate");
+        // 50k attempts between scans ending 10.01 ms apart.
+        assert!((rate.low_per_sec - 50_000.0 / 0.01001).abs() < 1.0, "{rate:?}");
+        assert_eq!(rate.high_per_sec, None);
+        assert!(rate.basis.contains("3 drop episodes"), "{}", rate.basis);
+        // Without the counters, nothing is claimed.
+        s.attempts_at_open = None;
+        assert_eq!(measure_rate(&s, &facts(&[], &scans)), None);
+    }
+
+    #[test]
+    fn suggested_pauses_round_down_to_one_two_five() {
+        assert_eq!(suggest_pause(512_000), (500_000, "500us".to_string()));
+        assert_eq!(suggest_pause(2_900_000), (2_000_000, "2ms".to_string()));
+        assert_eq!(suggest_pause(1_000_000), (1_000_000, "1ms".to_string()));
+        assert_eq!(suggest_pause(19_000), (10_000, "10us".to_string()));
+        assert_eq!(suggest_pause(0), (1_000, "1us".to_string()));
     }
 
     #[test]
@@ -995,19 +1378,5 @@ mod tests {
             "{:?}",
             cause.evidence
         );
-    }
-
-    #[test]
-    fn samples_own_scheduler_counters() {
-        let sampler = SchedSampler::for_current_thread().expect("schedstat readable");
-        let first = sampler.sample(1).expect("sample");
-        // Burn a little CPU and yield so the counters can move.
-        for _ in 0..100 {
-            std::thread::yield_now();
-        }
-        let second = sampler.sample(2).expect("sample");
-        assert_eq!((first.at_ns, second.at_ns), (1, 2));
-        assert!(second.run_delay_ns >= first.run_delay_ns);
-        assert!(second.involuntary_switches >= first.involuntary_switches);
     }
 }
